@@ -1,0 +1,1 @@
+../../student/submission.cu

@@ -1,0 +1,192 @@
+"""Build stage: compile a CUDA submission (or import a Python one) in a child process.
+
+With a GPU, CUDA submissions are built exactly as a CS149-style wrapper does it,
+`torch.utils.cpp_extension.load_inline(..., functions=["flash_attention_forward"])`, with ninja,
+for the GPU's own architecture, in a build folder of their own. Without one, the same source is
+compile-checked with nvcc (no link: a CPU build of torch has no CUDA libraries to link against).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import sysconfig
+from pathlib import Path
+
+from . import config
+from .device import DeviceInfo
+from .procs import ProcResult, child_env, run_limited
+from .status import Status
+from .submission import Kind, Submission
+
+# load_inline puts these three lines above the student's source in cuda.cu.
+LOAD_INLINE_PRELUDE = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    status: Status            # PASS, BUILD_ERROR or TIMEOUT
+    mode: str                 # 'extension', 'compile_only' or 'import'
+    elapsed_s: float
+    artifact: str | None = None   # the built extension module (.so)
+    message: str = ""             # one line for the student
+    log_tail: str = ""            # the relevant part of the compiler's output
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BuildResult":
+        return cls(**{**d, "status": Status(d["status"])})
+
+
+def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
+                     limits: config.Limits, log_path: Path | None = None) -> BuildResult:
+    """Build or import-check one submission; never raises for the submission's faults."""
+    if sub.kind is Kind.INVALID:
+        return BuildResult(Status.BUILD_ERROR, "none", 0.0, message=sub.problem)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if sub.kind is Kind.PYTHON:
+        mode, timeout = "import", limits.import_s
+        cmd = [sys.executable, "-m", "grader.build", "import", str(sub.source)]
+    else:
+        if device.nvcc is None:
+            return BuildResult(Status.BUILD_ERROR, "none", 0.0,
+                               message="nvcc was not found: install the CUDA toolkit or set CUDA_HOME.")
+        mode = "extension" if device.cuda else "compile_only"
+        timeout = limits.build_s
+        cmd = [sys.executable, "-m", "grader.build", mode, str(sub.source), "--name",
+               sub.module_name, "--build-dir", str(build_dir), "--arch", device.arch,
+               "--nvcc", device.nvcc]
+    proc = run_limited(cmd, timeout_s=timeout, env=child_env(cuda=device.cuda), cwd=config.REPO_ROOT,
+                       head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes)
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(proc.output)
+    return _interpret(proc, mode, sub, build_dir, timeout)
+
+
+def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
+               timeout: float) -> BuildResult:
+    what = "import" if mode == "import" else "compile"
+    if proc.timed_out:
+        return BuildResult(Status.TIMEOUT, mode, proc.elapsed_s,
+                           message=f"{what} did not finish within {timeout:.0f} s",
+                           log_tail=proc.tail(30))
+    if not proc.ok:
+        log = relevant_log(proc.output, sub.source.name)
+        first = proc.last_exception() if mode == "import" else _first_error(log)
+        return BuildResult(Status.BUILD_ERROR, mode, proc.elapsed_s,
+                           message=f"{what} failed" + (f": {first.strip()}" if first else ""),
+                           log_tail=log)
+    artifact = str(build_dir / f"{sub.module_name}.so") if mode == "extension" else None
+    return BuildResult(Status.PASS, mode, proc.elapsed_s, artifact=artifact,
+                       log_tail=relevant_log(proc.output, sub.source.name, errors_only=True))
+
+
+def _first_error(log: str) -> str:
+    """The first compiler error: the line a student should read first."""
+    return next((l for l in log.splitlines() if re.search(r"\berror\b", l, re.I)), "")
+
+
+_CUDA_LOC = re.compile(r"\S*cuda\.cu\((\d+)\)")        # nvcc:  .../cuda.cu(45): error: ...
+_GCC_LOC = re.compile(r"\S*cuda\.cu:(\d+)(:\d+)?")       # host compiler: .../cuda.cu:45:3: error
+
+
+def relevant_log(output: str, source_name: str = "submission.cu", *, errors_only: bool = False,
+                 max_lines: int = 60) -> str:
+    """Compiler output with paths mapped back to the student's file and line, errors first."""
+    shift = len(LOAD_INLINE_PRELUDE)
+    text = _CUDA_LOC.sub(lambda m: f"{source_name}:{int(m.group(1)) - shift}", output)
+    text = _GCC_LOC.sub(lambda m: f"{source_name}:{int(m.group(1)) - shift}{m.group(2) or ''}", text)
+    lines = text.splitlines()
+    errors = [i for i, l in enumerate(lines) if re.search(r"\berror\b|Error|Traceback", l)]
+    if errors_only:
+        warnings = [l for l in lines if re.search(r"\bwarning\b", l) and source_name in l]
+        return "\n".join(warnings[:max_lines])
+    if not errors:
+        return "\n".join(lines[-max_lines:])
+    # Each error with the two lines after it (nvcc prints the offending source line there).
+    keep: list[str] = []
+    for i in errors:
+        for line in lines[i:i + 3]:
+            if line not in keep[-3:]:
+                keep.append(line)
+    if len(keep) > max_lines:
+        keep = keep[:max_lines] + [f"[... {len(keep) - max_lines} more lines: see the full log ...]"]
+    return "\n".join(keep)
+
+
+# ---------------------------------------------------------------- the child process
+
+
+def arch_flags(arch: str) -> list[str]:
+    return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+
+
+def _build_extension(source: Path, name: str, build_dir: Path, arch: str) -> None:
+    from torch.utils.cpp_extension import load_inline
+    load_inline(name=name, cpp_sources=[config.ENTRY_DECLARATION],
+                cuda_sources=[source.read_text()], functions=[config.ENTRY_POINT],
+                build_directory=str(build_dir), verbose=True,
+                extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(arch)])
+    print(f"built {build_dir / (name + '.so')}")
+
+
+def cuda_include_dirs() -> list[str]:
+    """Headers a compile check needs that a bare CUDA install may lack (cuBLAS, cuSPARSE,
+    cuSOLVER: ATen/cuda/CUDAContext.h includes them). scripts/bootstrap.sh extracts them."""
+    dirs = [os.environ.get("GRADER_CUDA_INCLUDE"), str(config.REPO_ROOT / ".venv" / "cuda-include")]
+    return [d for d in dirs if d and os.path.isdir(d)]
+
+
+def _compile_only(source: Path, name: str, build_dir: Path, arch: str, nvcc: str) -> None:
+    import subprocess
+    import torch
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
+    unit = build_dir / "cuda.cu"
+    unit.write_text("\n".join(LOAD_INLINE_PRELUDE + [source.read_text()]))
+    std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10) else "-std=c++17"
+    cmd = [nvcc, "-c", str(unit), "-o", str(build_dir / "cuda.cuda.o"), std, "-O3",
+           f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+           "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",   # the CPU build of torch lacks this generated header
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+           "-Xcompiler", "-fPIC", *COMMON_NVCC_FLAGS, *arch_flags(arch)]
+    for inc in include_paths() + cuda_include_dirs() + [sysconfig.get_paths()["include"]]:
+        cmd += ["-I", inc]
+    print(" ".join(cmd), flush=True)
+    sys.exit(subprocess.run(cmd).returncode)
+
+
+def _import_check(source: Path) -> None:
+    from .loader import LoadError, load_python_submission
+    try:
+        load_python_submission(source)
+    except LoadError as e:   # the grader's own finding: no traceback through grader code
+        print(f"LoadError: {e}")
+        sys.exit(1)
+    print(f"imported {source}: {config.PY_ENTRY_POINT} found")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m grader.build")
+    p.add_argument("mode", choices=["extension", "compile_only", "import"])
+    p.add_argument("source", type=Path)
+    p.add_argument("--name")
+    p.add_argument("--build-dir", type=Path)
+    p.add_argument("--arch", default=config.DEFAULT_CUDA_ARCH)
+    p.add_argument("--nvcc")
+    a = p.parse_args(argv)
+    if a.mode == "import":
+        _import_check(a.source)
+    elif a.mode == "extension":
+        _build_extension(a.source, a.name, a.build_dir, a.arch)
+    else:
+        _compile_only(a.source, a.name, a.build_dir, a.arch, a.nvcc)
+
+
+if __name__ == "__main__":
+    main()

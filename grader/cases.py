@@ -1,0 +1,129 @@
+"""Test cases: parse the CS149 line format into frozen dataclasses.
+
+    batch_size: 1; num_heads: 64; seq_len: 1024; head_dim: 128; seed: 1118
+
+Blank lines and lines starting with '#' are ignored; a trailing '# comment' is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+FIELDS = ("batch_size", "num_heads", "seq_len", "head_dim", "seed")
+OPTIONAL_FIELDS = ("rtol", "atol")
+
+
+class CaseFileError(ValueError):
+    """A malformed test-case line: the message names the file, the line and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch_size: int
+    num_heads: int
+    seq_len: int
+    head_dim: int
+    seed: int
+    hidden: bool = False
+    rtol: float | None = None   # per-case override of config.RTOL, kept with the case
+    atol: float | None = None
+
+    @property
+    def id(self) -> str:
+        return f"b{self.batch_size}_h{self.num_heads}_s{self.seq_len}_d{self.head_dim}"
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(batch, heads, seq, head_dim)"""
+        return (self.batch_size, self.num_heads, self.seq_len, self.head_dim)
+
+    @property
+    def flops(self) -> int:
+        """Two matmuls of 2·S·S·D each, per (batch, head)."""
+        return 4 * self.batch_size * self.num_heads * self.seq_len ** 2 * self.head_dim
+
+    @property
+    def numel(self) -> int:
+        return self.batch_size * self.num_heads * self.seq_len * self.head_dim
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Case":
+        return cls(**d)
+
+    def line(self) -> str:
+        return "; ".join(f"{f}: {getattr(self, f)}" for f in FIELDS)
+
+
+def parse_case_line(text: str, *, where: str, hidden: bool = False) -> Case:
+    """Parse one line; `where` is 'file:line' for error messages."""
+    values: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        key, sep, value = part.partition(":")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise CaseFileError(
+                f"{where}: '{part}' is not 'name: value'. Expected a line like "
+                f"'batch_size: 1; num_heads: 64; seq_len: 1024; head_dim: 128; seed: 1118'.")
+        if key not in FIELDS + OPTIONAL_FIELDS:
+            raise CaseFileError(
+                f"{where}: unknown field '{key}'. Allowed fields: {', '.join(FIELDS + OPTIONAL_FIELDS)}.")
+        if key in values:
+            raise CaseFileError(f"{where}: field '{key}' is given twice; keep one.")
+        values[key] = value
+    missing = [f for f in FIELDS if f not in values]
+    if missing:
+        raise CaseFileError(f"{where}: missing {', '.join(missing)}. Every line needs "
+                            f"{'; '.join(f + ': N' for f in FIELDS)}.")
+    parsed: dict[str, object] = {}
+    for key, value in values.items():
+        try:
+            parsed[key] = float(value) if key in OPTIONAL_FIELDS else int(value)
+        except ValueError:
+            kind = "a number" if key in OPTIONAL_FIELDS else "a whole number"
+            raise CaseFileError(f"{where}: {key} must be {kind}; got '{value}'.") from None
+    for key in FIELDS[:4]:
+        if parsed[key] < 1:
+            raise CaseFileError(f"{where}: {key} must be at least 1; got {parsed[key]}.")
+    return Case(hidden=hidden, **parsed)
+
+
+def load_cases(path: Path | str, *, hidden: bool = False) -> list[Case]:
+    """All cases of one file, in file order. Raises CaseFileError naming file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise CaseFileError(f"{path}: cannot read test cases ({e.strerror}).") from None
+    cases, seen = [], {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        case = parse_case_line(line, where=f"{path}:{lineno}", hidden=hidden)
+        if case.id in seen:
+            raise CaseFileError(f"{path}:{lineno}: same shape as line {seen[case.id]} ({case.id}); "
+                                f"remove one of them.")
+        seen[case.id] = lineno
+        cases.append(case)
+    if not cases:
+        raise CaseFileError(f"{path}: no test cases found; add at least one line.")
+    return cases
+
+
+def load_all_cases(public: Path, hidden: Path | None) -> list[Case]:
+    """Public and (if the file exists) hidden cases, smallest first, so cheap failures come early."""
+    cases = load_cases(public)
+    if hidden is not None and Path(hidden).exists():
+        public_ids = {c.id for c in cases}
+        cases += [c for c in load_cases(hidden, hidden=True) if c.id not in public_ids]
+    return sorted(cases, key=lambda c: (c.flops, c.id))
+
+
+def largest(cases: list[Case]) -> Case:
+    """The case that is timed: the most FLOPs among the public cases (hidden ones if none)."""
+    pool = [c for c in cases if not c.hidden] or cases
+    return max(pool, key=lambda c: c.flops)

@@ -1,0 +1,105 @@
+"""Compare an output with the reference: a pure function that returns findings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import config
+
+
+@dataclasses.dataclass(frozen=True)
+class BadElement:
+    index: tuple[int, ...]   # (b, h, s, d)
+    got: float
+    expected: float
+
+    def __str__(self) -> str:
+        return f"{self.index}: got {self.got:.6g}, expected {self.expected:.6g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    ok: bool
+    numel: int
+    mismatches: int          # elements outside the tolerance, NaN and inf included
+    nan_count: int
+    inf_count: int
+    max_abs_error: float     # over finite elements
+    max_rel_error: float
+    rtol: float
+    atol: float
+    first_bad: tuple[BadElement, ...] = ()
+    all_zero: bool = False   # the output is exactly zero everywhere: nothing was written
+    problem: str = ""        # shape or dtype problems that make a comparison meaningless
+
+    def summary(self) -> str:
+        if self.problem:
+            return self.problem
+        if self.ok:
+            return (f"ok: max abs error {self.max_abs_error:.3g}, max rel error "
+                    f"{self.max_rel_error:.3g} (tolerance atol={self.atol:g}, rtol={self.rtol:g})")
+        lines = [f"{self.mismatches} of {self.numel} elements outside atol={self.atol:g} + "
+                 f"rtol={self.rtol:g}·|expected|; max abs error {self.max_abs_error:.3g}, "
+                 f"max rel error {self.max_rel_error:.3g}"]
+        if self.nan_count or self.inf_count:
+            lines.append(f"NaN: {self.nan_count}, inf: {self.inf_count}")
+        if self.all_zero:
+            lines.append("the output is all zeros: nothing was written to O")
+        lines += [f"  {bad}" for bad in self.first_bad]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["first_bad"] = [dict(index=list(b.index), got=b.got, expected=b.expected)
+                          for b in self.first_bad]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        d = dict(d)
+        d["first_bad"] = tuple(BadElement(tuple(b["index"]), b["got"], b["expected"])
+                               for b in d.get("first_bad", ()))
+        return cls(**d)
+
+
+def compare_outputs(got: torch.Tensor, expected: torch.Tensor, *, rtol: float = config.RTOL,
+                    atol: float = config.ATOL, max_report: int = 5,
+                    expected_dtype: torch.dtype | None = torch.float16) -> Finding:
+    """Element-wise |got - expected| <= atol + rtol·|expected|; NaN and inf always count as bad."""
+    base = dict(numel=expected.numel(), rtol=rtol, atol=atol)
+    if not isinstance(got, torch.Tensor):
+        return _unusable(f"returned {type(got).__name__}, expected a torch.Tensor", **base)
+    if tuple(got.shape) != tuple(expected.shape):
+        return _unusable(f"output has shape {tuple(got.shape)}, expected "
+                         f"{tuple(expected.shape)} (batch, heads, seq, head_dim)", **base)
+    if expected_dtype is not None and got.dtype != expected_dtype:
+        return _unusable(f"output dtype is {got.dtype}, expected {expected_dtype}", **base)
+
+    got32 = got.to(device=expected.device, dtype=torch.float32)
+    finite = torch.isfinite(got32)
+    nan_count = int(torch.isnan(got32).sum())
+    inf_count = int(torch.isinf(got32).sum())
+    diff = (got32 - expected).abs_()
+    diff.masked_fill_(~finite, float("inf"))
+    bad = diff > atol + rtol * expected.abs()   # inf > anything: NaN and inf are bad
+    mismatches = int(bad.sum())
+    finite_diff = diff.masked_fill_(~finite, 0.0)
+    max_abs = float(finite_diff.max()) if finite_diff.numel() else 0.0
+    max_rel = float((finite_diff / expected.abs().clamp_min(atol)).max()) if finite_diff.numel() else 0.0
+    first_bad = ()
+    if mismatches:
+        flat = bad.flatten().nonzero()[:max_report, 0]
+        idx = torch.stack(torch.unravel_index(flat, bad.shape), dim=1).tolist()
+        first_bad = tuple(BadElement(tuple(i), float(got32[tuple(i)]), float(expected[tuple(i)]))
+                          for i in idx)
+    all_zero = bool(got32.numel() and not got32.any())
+    return Finding(ok=mismatches == 0, mismatches=mismatches, nan_count=nan_count,
+                   inf_count=inf_count, max_abs_error=max_abs, max_rel_error=max_rel,
+                   first_bad=first_bad, all_zero=all_zero, **base)
+
+
+def _unusable(problem: str, **base) -> Finding:
+    return Finding(ok=False, mismatches=base["numel"], nan_count=0, inf_count=0,
+                   max_abs_error=float("inf"), max_rel_error=float("inf"), problem=problem, **base)

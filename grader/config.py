@@ -1,0 +1,78 @@
+"""Every number the grader depends on, in one place, with where it comes from."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Tolerance: rtol = atol = 1e-2, as in the CS149 assignment and the seeds' own checks.
+# An element passes when |got - expected| <= ATOL + RTOL * |expected|; NaN or inf never passes.
+RTOL = 1e-2
+ATOL = 1e-2
+
+# Where submissions come from and where results go, unless told otherwise.
+DEFAULT_SUBMISSIONS = REPO_ROOT / "examples"
+DEFAULT_RESULTS = REPO_ROOT / "results"
+DEFAULT_BUILD = REPO_ROOT / "build"
+PUBLIC_CASES = REPO_ROOT / "test_cases" / "test.txt"
+HIDDEN_CASES = REPO_ROOT / "test_cases" / "hidden.txt"
+SOLUTION_DIR = REPO_ROOT / "solution"
+
+# CUDA submissions: the contract's entry point and the declaration the grader supplies,
+# exactly what a CS149-style load_inline(..., functions=["flash_attention_forward"]) compiles.
+ENTRY_POINT = "flash_attention_forward"
+ENTRY_DECLARATION = (
+    "torch::Tensor flash_attention_forward(torch::Tensor Q, torch::Tensor K, torch::Tensor V);")
+# Python submissions: GPU MODE's convention.
+PY_ENTRY_POINT = "custom_kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Wall-clock limits per stage and per submission (seconds), and output caps (bytes).
+
+    Build: a trivial torch extension takes ~35 s on the GPU machine and 38-50 s with 12 in
+    parallel (shared/GPU_NOTES.md); a compile-only check takes ~40-70 s on the 2-core CPU machine.
+    Run: a naive one-warp-per-row kernel takes ~4 s a call on the largest public case.
+    """
+    build_s: float = 300.0
+    import_s: float = 120.0
+    run_s: float = 240.0
+    check_s: float = 300.0
+    time_budget_s: float = 15.0   # spent inside the timing loop, after warm-up
+    time_s: float = 180.0         # the timing process as a whole (import, warm-up, loop)
+    output_head_bytes: int = 8_192
+    output_tail_bytes: int = 24_576
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        """GRADER_<FIELD> environment variables override the defaults (for tests and courses)."""
+        overrides = {}
+        for field in dataclasses.fields(cls):
+            raw = os.environ.get(f"GRADER_{field.name.upper()}")
+            if raw is not None:
+                overrides[field.name] = int(raw) if field.type == "int" else float(raw)
+        return cls(**overrides)
+
+
+# Timing: stop when the relative standard error of the mean is under 0.5% ...
+TIMING_TARGET_RSE = 0.005
+TIMING_MIN_REPS = 5
+TIMING_MAX_REPS = 500
+TIMING_WARMUP_CALLS = 2
+
+# Without a CUDA device, Python submissions run on the CPU on the cases at most this many FLOPs
+# (4·B·H·S²·D): the hidden awkward shapes, not the large public ones.
+CPU_MAX_FLOPS = 2.0e9
+
+# Architecture to compile for when no GPU is present (the course's GPU: Hopper).
+DEFAULT_CUDA_ARCH = "90a"
+
+# Grades (placeholder policy until the grading-policy config lands): correctness points spread
+# over the cases run, performance points linear in log(time) between the PyTorch reference and
+# SDPA FLASH as measured in the same run.
+CORRECTNESS_POINTS = 70.0
+PERFORMANCE_POINTS = 30.0

@@ -1,0 +1,72 @@
+"""Check stage: run the pytest correctness tests in a child process, read pytest-json-report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from . import config
+from .cases import Case
+from .compare import Finding
+from .procs import run_limited
+from .status import Status
+
+CHECK_TESTS = Path(__file__).parent / "checks" / "test_outputs.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    case: str
+    status: Status
+    message: str = ""
+    hidden: bool = False
+    finding: Finding | None = None
+    run_s: float | None = None              # the submission's first call on this case
+    peak_memory_bytes: int | None = None    # of the check (reference + comparison)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.value
+        d["finding"] = self.finding.to_dict() if self.finding else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CaseResult":
+        return cls(**{**d, "status": Status(d["status"]),
+                      "finding": Finding.from_dict(d["finding"]) if d.get("finding") else None})
+
+
+def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, device: str,
+                  limits: config.Limits, env: dict) -> list[CaseResult]:
+    """One CaseResult per case, from the checker's pytest-json-report file."""
+    spec_path, report_path = out_dir / "check_spec.json", out_dir / "check_report.json"
+    spec_path.write_text(json.dumps(dict(cases=[c.to_dict() for c in cases], runs=runs,
+                                         out_dir=str(out_dir), device=device)))
+    cmd = [sys.executable, "-m", "pytest", str(CHECK_TESTS), "-q", "-p", "no:cacheprovider",
+           "--rootdir", str(CHECK_TESTS.parent), "-o", "addopts=", "--json-report",
+           f"--json-report-file={report_path}", "--json-report-omit", "collectors", "log",
+           "keywords", "streams", "--json-report-indent=0"]
+    proc = run_limited(cmd, timeout_s=limits.check_s, env={**env, "GRADER_CHECK_SPEC": str(spec_path)},
+                       cwd=config.REPO_ROOT)
+    report = json.loads(report_path.read_text()) if report_path.exists() else {"tests": []}
+    by_case = {t.get("metadata", {}).get("case"): t for t in report["tests"]}
+    results = []
+    for case in cases:
+        run = runs[case.id]
+        test = by_case.get(case.id)
+        if test is None:   # the checker itself broke: the grader's problem, said loudly
+            why = "timed out" if proc.timed_out else f"exited with {proc.returncode}"
+            results.append(CaseResult(case.id, Status.RUNTIME_ERROR, hidden=case.hidden,
+                                      run_s=run.get("elapsed_s"),
+                                      message=f"grader error: the checker {why} before this case:\n"
+                                              f"{proc.tail(20)}"))
+            continue
+        meta = test.get("metadata", {})
+        finding = Finding.from_dict(meta["finding"]) if meta.get("finding") else None
+        status = Status(meta.get("status", "pass" if test["outcome"] == "passed" else "runtime_error"))
+        message = run["message"] if run["status"] != "pass" else (finding.summary() if finding else "")
+        results.append(CaseResult(case.id, status, message, case.hidden, finding,
+                                  run.get("elapsed_s"), meta.get("peak_memory_bytes")))
+    return results

@@ -1,0 +1,52 @@
+"""Where to look next: one student-facing hint from a result's stages and findings.
+
+The TODO numbers are those of student/submission.cu.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .build import BuildResult
+from .correctness import CaseResult
+from .status import Status
+
+
+def hint_for(build: BuildResult | None, cases: list[CaseResult], kind: str) -> str:
+    if build is not None and build.status is Status.BUILD_ERROR:
+        m = re.search(r"submission\.(cu|py):(\d+)", build.log_tail or "")
+        where = f" at line {m.group(2)} of submission.{m.group(1)}" if m else ""
+        return f"Fix the first error the compiler reports{where}; later errors often follow from it."
+    if build is not None and build.status is Status.TIMEOUT:
+        return "The build ran past its time limit: look for huge unrolled loops or templates."
+    failed = [c for c in cases if c.status not in (Status.PASS, Status.NOT_RUN)]
+    if not failed:
+        return ""
+    first = failed[0]
+    if first.status is Status.TIMEOUT:
+        return (f"Case {first.case} ran past the time limit: check loop bounds (an infinite loop "
+                f"or a __syncthreads() that not every thread reaches), then speed.")
+    if first.status is Status.RUNTIME_ERROR:
+        if "illegal memory access" in first.message or "out of bounds" in first.message:
+            return ("An out-of-bounds access: check your index arithmetic and the tail guards "
+                    "when seq_len is not a multiple of your tile (TODO 2.4). Run your kernel under "
+                    "compute-sanitizer to find the line.")
+        return "The call raised an error: read the message above, then the shape checks (TODO 0)."
+    finding = first.finding
+    if finding is None:
+        return ""
+    if finding.problem:
+        return "Return O with the same shape as Q, dtype float16 (TODO 0)."
+    if finding.all_zero:
+        return ("O is all zeros: nothing was written to it. Start with TODO 1.1 "
+                "(compute the scores) and TODO 1.3 (write the output row).")
+    if finding.nan_count or finding.inf_count:
+        return ("NaN or inf in O: subtract the running row max m_i before exponentiating, and "
+                "check the first-tile initialisation of m_i and l_i (TODO 2.2).")
+    passed = [c for c in cases if c.status is Status.PASS]
+    if passed:
+        return (f"Some cases pass but {first.case} does not: check the rescaling of acc by "
+                f"exp(m_old - m_new) when a new tile raises the max (TODO 2.3), and the tails "
+                f"when seq_len is not a multiple of the tile (TODO 2.4).")
+    return ("Every case is wrong: compare one row by hand with the reference: the scale "
+            "1/sqrt(D) (TODO 1.1), then the softmax normalisation (TODO 1.2).")

@@ -1,0 +1,126 @@
+"""Run a child process with a wall-clock limit and capped output, killing its whole group.
+
+A submission can hang, sleep, or print gigabytes; the grader must survive all three. Output is
+read through a pipe as it comes: the first `head` and last `tail` bytes are kept, the rest is
+counted and dropped, so nothing unbounded reaches memory or disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+from . import config
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcResult:
+    returncode: int | None       # None when it was killed for running too long
+    timed_out: bool
+    elapsed_s: float
+    output: str                  # head + '[... N bytes dropped ...]' + tail
+    output_bytes: int            # how much it printed in all
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and self.returncode == 0
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode is not None and self.returncode < 0:
+            try:
+                return signal.Signals(-self.returncode).name
+            except ValueError:
+                return f"signal {-self.returncode}"
+        return None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.output.rstrip().splitlines()[-lines:])
+
+    def last_exception(self) -> str:
+        return last_exception_line(self.output)
+
+
+def last_exception_line(text: str) -> str:
+    """'ValueError: ...', the line that closes a Python traceback, or ''."""
+    for line in reversed(text.splitlines()):
+        if re.match(r"^\w+(\.\w+)*(Error|Exception|Interrupt)\b", line):
+            return line.strip()
+    return ""
+
+
+class _CappedReader(threading.Thread):
+    def __init__(self, stream, head: int, tail: int):
+        super().__init__(daemon=True)
+        self.stream, self.head_cap, self.tail_cap = stream, head, tail
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+
+    def run(self) -> None:
+        for chunk in iter(lambda: self.stream.read1(65536), b""):
+            self.total += len(chunk)
+            room = self.head_cap - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+                chunk = chunk[room:]
+            self.tail += chunk
+            if len(self.tail) > self.tail_cap:
+                del self.tail[:len(self.tail) - self.tail_cap]
+
+    def text(self) -> str:
+        dropped = self.total - len(self.head) - len(self.tail)
+        middle = f"\n[... {dropped} bytes of output dropped ...]\n" if dropped > 0 else ""
+        return (bytes(self.head).decode(errors="replace") + middle
+                + bytes(self.tail).decode(errors="replace"))
+
+
+def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
+                cwd: str | os.PathLike | None = None, head_bytes: int = 8192,
+                tail_bytes: int = 24576) -> ProcResult:
+    """Run `cmd` in a new session; stdout and stderr are merged and capped."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
+    reader = _CappedReader(proc.stdout, head_bytes, tail_bytes)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        _kill_group(proc)
+    reader.join(timeout=10)
+    return ProcResult(returncode=None if timed_out else proc.returncode, timed_out=timed_out,
+                      elapsed_s=time.monotonic() - start, output=reader.text(),
+                      output_bytes=reader.total)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child and anything it started (ninja, nvcc, a forked helper)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def child_env(*, cuda: bool) -> dict:
+    """Environment of every child the grader starts: the repository importable, no bytecode
+    written into submission folders, and Triton's interpreter when there is no GPU."""
+    env = dict(os.environ)
+    env.setdefault("MAX_JOBS", "2")          # ninja inside one build: two sources
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(config.REPO_ROOT), env.get("PYTHONPATH")]))
+    if not cuda:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env

@@ -1,0 +1,125 @@
+"""The submission's own process: load it, run it on every case, or time it on one.
+
+This is the only process that imports submission code. It never computes the reference or
+compares outputs (that happens in the checker, a different process), and it imports the timing
+code before the submission, so what the submission does to torch or time cannot reach it.
+
+    python -m grader.worker run  --spec SPEC.json   # outputs of every case -> files
+    python -m grader.worker time --spec SPEC.json   # timing statistics of one case -> file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from . import timing  # noqa: F401  (captures the clocks before any submission code is loaded)
+from .cases import Case
+from .inputs import make_inputs
+from .loader import load_baseline, load_extension, load_python_submission
+
+
+def load_callable(spec: dict):
+    target = spec["target"]
+    if target["kind"] == "cuda":
+        return load_extension(target["artifact"], target["module_name"])
+    if target["kind"] == "python":
+        return load_python_submission(target["source"])
+    return load_baseline(target["name"])
+
+
+def _append(path: Path, record: dict) -> None:
+    """One JSON line per event, flushed at once: if the process dies, the parent knows where."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _context_alive(device: str) -> bool:
+    if device != "cuda":
+        return True
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:
+        return False
+
+
+def run_cases(spec: dict) -> None:
+    device = spec["device"]
+    out_dir, events = Path(spec["out_dir"]), Path(spec["events"])
+    fn = load_callable(spec)
+    cases = [Case.from_dict(c) for c in spec["cases"]]
+    for i, case in enumerate(cases):
+        _append(events, {"case": case.id, "event": "start"})
+        q, k, v = make_inputs(case, device)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        try:
+            out = fn(q.clone(), k.clone(), v.clone())
+            if device == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"returned {type(out).__name__}, expected a torch.Tensor "
+                                f"of shape {tuple(case.shape)}")
+            torch.save(out.detach().to("cpu"), out_dir / f"{case.id}.pt")
+        except Exception as e:  # the submission's fault: recorded for this case, then go on
+            alive = _context_alive(device)
+            _append(events, {"case": case.id, "event": "error", "error": type(e).__name__,
+                             "message": str(e)[:4000],
+                             "traceback": traceback.format_exc(limit=8)[-6000:],
+                             "context_alive": alive})
+            if not alive:   # a CUDA error poisons the context: nothing after it can run here
+                for rest in cases[i + 1:]:
+                    _append(events, {"case": rest.id, "event": "skipped",
+                                     "message": f"not run: the CUDA context was lost in case {case.id}"})
+                return
+            continue
+        peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+        _append(events, {"case": case.id, "event": "done", "elapsed_s": elapsed,
+                         "peak_memory_bytes": peak})
+        del q, k, v, out
+
+
+def time_case(spec: dict) -> None:
+    case = Case.from_dict(spec["case"])
+    fn = load_callable(spec)
+    stats = timing.time_kernel(fn, case.shape, flops=case.flops, budget_s=spec["budget_s"],
+                               l2_bytes=spec["l2_bytes"], device=spec["device"])
+    Path(spec["out"]).write_text(json.dumps(stats.to_dict()))
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m grader.worker")
+    p.add_argument("mode", choices=["run", "time"])
+    p.add_argument("--spec", type=Path, required=True)
+    a = p.parse_args(argv)
+    spec = json.loads(a.spec.read_text())
+    try:
+        (run_cases if a.mode == "run" else time_case)(spec)
+    except Exception:
+        traceback.print_exc()
+        _flush()
+        os._exit(3)
+    _flush()
+    # Skip interpreter teardown: a broken extension can crash in its destructors after the work.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

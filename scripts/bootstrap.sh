@@ -1,0 +1,90 @@
+#!/bin/sh
+# Make .venv/bin/python able to run the grader, on a fresh machine or one with torch already.
+#
+#  - A torch that is already installed (the GPU machine's CUDA build) is reused: .venv sees the
+#    site-packages of the interpreter that has it through a .pth file, and nothing is reinstalled.
+#  - Otherwise $TORCH_SPEC (torch==2.13.0 by default: the CPU build this course's CPU machines
+#    have a local wheel of) is installed.
+#  - Missing packages come from PyPI, or only from ./.whl when that folder exists (offline
+#    machines: carry pytest_json_report and pytest_metadata wheels there).
+#  - Without a CUDA build of torch, nvcc compile checks need the cuBLAS/cuSPARSE/cuSOLVER
+#    headers that <ATen/cuda/CUDAContext.h> includes; they are extracted from NVIDIA's wheels
+#    into .venv/cuda-include when the local CUDA install lacks them.
+set -eu
+cd "$(dirname "$0")/.."
+BASE_PYTHON=${BASE_PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+VENV=.venv
+PIP_SRC=""
+[ -d .whl ] && PIP_SRC="--no-index --find-links .whl"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "bootstrap: creating $VENV with $($BASE_PYTHON --version)"
+    # An interpreter without ensurepip (Debian without python3-venv) still makes a venv
+    # without pip; the base interpreter's pip then installs into it.
+    "$BASE_PYTHON" -m venv "$VENV" 2>/dev/null || { rm -rf "$VENV"; "$BASE_PYTHON" -m venv --without-pip "$VENV"; }
+fi
+PY="$VENV/bin/python"
+if "$PY" -m pip --version >/dev/null 2>&1; then PIP="$PY -m pip"; else PIP="$BASE_PYTHON -m pip --python $PY"; fi
+
+# Reuse the base interpreter's packages (torch above all) when it has torch.
+if "$BASE_PYTHON" -c "import torch" 2>/dev/null; then
+    SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    # 'import' lines in a .pth run at start-up; addsitedir also honours that folder's own .pth files.
+    "$BASE_PYTHON" -c "import site, sysconfig; dirs = dict.fromkeys(
+        [sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']] + site.getsitepackages())
+print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in dirs))" > "$SITE/_base_site.pth"
+    echo "bootstrap: reusing torch from $BASE_PYTHON"
+fi
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "bootstrap: installing $TORCH_SPEC"
+    $PIP install -q $PIP_SRC "$TORCH_SPEC"
+fi
+
+# The rest of pyproject's dependencies, whatever is missing (pip leaves satisfied ones alone).
+DEPS=$("$PY" -c "import tomllib; print(' '.join(d for d in tomllib.load(open('pyproject.toml','rb'))['project']['dependencies'] if not d.startswith('torch')))" 2>/dev/null \
+       || echo "pytest pytest-json-report jinja2 ninja rich")
+MISSING=$("$PY" - $DEPS <<'PYEOF'
+import importlib.metadata as md, re, sys
+names = [re.split(r"[<>=!~ \[]", d, maxsplit=1)[0] for d in sys.argv[1:]]
+missing = []
+for dep, name in zip(sys.argv[1:], names):
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        missing.append(dep)
+print(" ".join(missing))
+PYEOF
+)
+if [ -n "$MISSING" ]; then
+    echo "bootstrap: installing $MISSING"
+    $PIP install -q $PIP_SRC $MISSING
+fi
+
+# Optional: Triton's interpreter for Triton submissions on a CPU-only machine.
+if [ "${WITH_TRITON:-0}" = 1 ] && ! "$PY" -c "import triton" 2>/dev/null; then
+    echo "bootstrap: installing triton (CPU interpreter)"
+    $PIP install -q $PIP_SRC "triton>=3.0" "numpy<2.4"
+fi
+
+# Headers for compile checks when torch has no CUDA.
+if "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" && command -v nvcc >/dev/null; then
+    CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
+    if [ ! -f "$CUDA_INC/cusparse.h" ] && [ ! -f "$VENV/cuda-include/cusparse.h" ]; then
+        echo "bootstrap: fetching cuBLAS/cuSPARSE/cuSOLVER headers for compile checks"
+        TMP=$(mktemp -d)
+        $PIP download -q --no-deps $PIP_SRC -d "$TMP" nvidia-cublas nvidia-cusparse nvidia-cusolver
+        mkdir -p "$VENV/cuda-include"
+        for w in "$TMP"/*.whl; do
+            "$PY" -c "import sys, zipfile, os
+z = zipfile.ZipFile(sys.argv[1])
+for n in z.namelist():
+    if '/include/' in n and n.endswith('.h'):
+        open(os.path.join(sys.argv[2], os.path.basename(n)), 'wb').write(z.read(n))" "$w" "$VENV/cuda-include"
+        done
+        rm -rf "$TMP"
+    fi
+fi
+touch "$VENV/.ready"
+echo "bootstrap: ready ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'))"

@@ -1,0 +1,183 @@
+"""The whole grader on Python submissions, on the CPU: every verdict, and nothing stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grader import config
+
+pytestmark = pytest.mark.slow
+
+NUMPY_ATTENTION = """
+    import numpy as np
+    import torch
+
+    def attention(q, k, v):
+        q, k, v = (t.detach().cpu().float().numpy() for t in (q, k, v))
+        s = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return torch.from_numpy(p / p.sum(-1, keepdims=True) @ v).half()
+"""
+
+SUBMISSIONS = {
+    "correct": NUMPY_ATTENTION + """
+    def custom_kernel(data):
+        q, k, v = data
+        return attention(q, k, v).to(q.device)
+    """,
+    "zeros": """
+    import torch
+    def custom_kernel(data):
+        return torch.zeros_like(data[0])
+    """,
+    "raises": """
+    def custom_kernel(data):
+        raise ValueError("my kernel is not finished")
+    """,
+    "hangs": """
+    import time
+    def custom_kernel(data):
+        time.sleep(600)
+    """,
+    "aborts": """
+    import os
+    def custom_kernel(data):
+        os.abort()
+    """,
+    "noisy": NUMPY_ATTENTION + """
+    import sys
+    def custom_kernel(data):
+        for _ in range(40 * 1024):
+            sys.stdout.write("y" * 1023 + "\\n")
+        return attention(*data).to(data[0].device)
+    """,
+    "half_heads": NUMPY_ATTENTION + """
+    import torch
+    def custom_kernel(data):
+        q, k, v = data
+        out = torch.empty_like(q)
+        h = q.shape[1] // 2
+        out[:, :h] = attention(q[:, :h], k[:, :h], v[:, :h])
+        return out
+    """,
+    "nan_row": NUMPY_ATTENTION + """
+    def custom_kernel(data):
+        out = attention(*data)
+        out[0, 0, -1] = float("nan")
+        return out
+    """,
+    "wrong_shape": """
+    def custom_kernel(data):
+        return data[0][..., :32]
+    """,
+    "syntax_error": "def custom_kernel(data)\n    return data\n",
+}
+
+EXPECTED = {"correct": "pass", "zeros": "mismatch", "raises": "runtime_error", "hangs": "timeout",
+            "aborts": "runtime_error", "noisy": "pass", "half_heads": "mismatch",
+            "nan_row": "mismatch", "wrong_shape": "mismatch", "syntax_error": "build_error",
+            "both_files": "build_error", "no_file": "build_error"}
+
+CASES = ("batch_size: 1; num_heads: 2; seq_len: 1; head_dim: 64; seed: 1\n"
+         "batch_size: 2; num_heads: 2; seq_len: 77; head_dim: 64; seed: 2\n"
+         "batch_size: 1; num_heads: 4; seq_len: 130; head_dim: 128; seed: 3\n")
+
+
+def _grader(*args, env_extra=None, timeout=900):
+    env = {**os.environ, "GRADER_RUN_S": "25", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "grader", *args], capture_output=True, text=True,
+                          cwd=config.REPO_ROOT, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    import textwrap
+    root = tmp_path_factory.mktemp("subs")
+    for name, src in SUBMISSIONS.items():
+        (root / name).mkdir()
+        (root / name / "submission.py").write_text(textwrap.dedent(src))
+    (root / "both_files").mkdir()
+    (root / "both_files" / "submission.py").write_text(textwrap.dedent(SUBMISSIONS["correct"]))
+    (root / "both_files" / "submission.cu").write_text("// also here\n")
+    (root / "no_file").mkdir()
+    (root / "no_file" / "attention.py").write_text("")
+    cases = root.parent / "cases.txt"
+    cases.write_text(CASES)
+    out = root.parent / "results"
+    proc = _grader("grade", str(root), "--out", str(out), "--build-dir", str(root.parent / "build"),
+                   "--cases", str(cases), "--no-hidden", "--cpu", "--no-solution")
+    return proc, out
+
+
+def test_grading_finishes_and_every_verdict_is_right(graded):
+    proc, out = graded
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {name: json.loads((out / f"{name}.json").read_text())["status"] for name in EXPECTED}
+    assert got == EXPECTED
+
+
+def test_findings_and_messages_are_student_facing(graded):
+    _, out = graded
+    load = lambda n: json.loads((out / f"{n}.json").read_text())
+    zeros = load("zeros")
+    assert zeros["cases"][1]["finding"]["all_zero"] and "TODO 1.1" in zeros["hint"]
+    nan = load("nan_row")
+    assert nan["cases"][0]["finding"]["nan_count"] == 64
+    assert nan["cases"][0]["finding"]["first_bad"][0]["index"] == [0, 0, 0, 0]
+    half = load("half_heads")
+    bad = [c for c in half["cases"] if c["status"] == "mismatch"]
+    assert bad and all(b["index"][1] >= 1 for c in bad for b in c["finding"]["first_bad"])
+    assert "my kernel is not finished" in load("raises")["message"]
+    assert "still running after 25 s" in load("hangs")["message"]
+    assert "SIGABRT" in load("aborts")["cases"][0]["message"]
+    assert "shape" in load("wrong_shape")["message"]
+    assert "SyntaxError" in load("syntax_error")["build"]["log_tail"]
+    assert "both submission.cu and submission.py" in load("both_files")["message"]
+    noisy_log = (out / "logs" / "noisy.run.log").read_text()
+    assert "bytes of output dropped" in noisy_log and len(noisy_log) < 64 * 1024
+
+
+def test_reports_say_what_ran(graded):
+    _, out = graded
+    run = json.loads((out / "_run.json").read_text())
+    assert run["device"]["cuda"] is False and run["finished_at"]
+    html = (out / "leaderboard.html").read_text()
+    assert "No CUDA device on the grading machine" in html and "nothing was timed" in html
+    grades = (out / "grades.csv").read_text().splitlines()
+    assert len(grades) == 1 + len(EXPECTED)
+    correct = json.loads((out / "correct.json").read_text())
+    assert correct["timing"] is None and "not timed: no CUDA device" in correct["notes"]
+
+
+def test_leaderboard_command_rerenders(graded):
+    _, out = graded
+    (out / "leaderboard.html").unlink()
+    proc = _grader("leaderboard", "--out", str(out))
+    assert proc.returncode == 0 and (out / "leaderboard.html").exists()
+    assert "correct" in proc.stdout
+
+
+def test_check_prints_the_failed_case_and_the_todo(tmp_path, make_submission):
+    folder = make_submission("mine", SUBMISSIONS["zeros"])
+    cases = tmp_path / "cases.txt"
+    cases.write_text(CASES)
+    proc = _grader("check", str(folder), "--out", str(tmp_path / "r"), "--build-dir",
+                   str(tmp_path / "b"), "--cases", str(cases), "--no-hidden", "--cpu")
+    assert proc.returncode == 1
+    text = proc.stdout
+    assert "mine: MISMATCH" in text and "b1_h2_s1_d64" in text
+    assert "the output is all zeros" in text and "Hint:" in text and "TODO 1.1" in text
+
+
+def test_malformed_case_file_stops_with_file_and_line(tmp_path, make_submission):
+    folder = make_submission("mine", SUBMISSIONS["zeros"])
+    cases = tmp_path / "cases.txt"
+    cases.write_text(CASES + "batch_size: 1; num_heads: two; seq_len: 3; head_dim: 64; seed: 1\n")
+    proc = _grader("check", str(folder), "--out", str(tmp_path / "r"), "--cases", str(cases), "--cpu")
+    assert proc.returncode == 2
+    assert f"{cases}:4: num_heads must be a whole number; got 'two'" in proc.stderr
