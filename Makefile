@@ -1,5 +1,5 @@
 # FlashAttention assignment kit. Verbs are targets; knobs are variables:
-#   make grade SUBMISSIONS=path/to/folders OUT=results
+#   make grade SUBMISSIONS=path/to/folders RESULTS=results
 #   make check SUBMISSION=student
 #   make test | make test-gpu | make bench | make clean
 SHELL := /bin/sh
@@ -7,12 +7,12 @@ PYTHON_BASE ?= python3
 TORCH_SPEC ?= torch==2.13.0
 SUBMISSIONS ?= examples
 SUBMISSION ?= student
-OUT ?= results
+RESULTS ?= results
 JOBS ?=
 PYTEST_ARGS ?=
 VENV := .venv
 PY := $(VENV)/bin/python
-GRADE_ARGS := --out $(OUT) $(if $(JOBS),--jobs $(JOBS))
+GRADE_ARGS := --out $(RESULTS) $(if $(JOBS),--jobs $(JOBS))
 
 .PHONY: env grade check leaderboard test test-gpu clean
 
@@ -28,7 +28,7 @@ check: env
 	$(PY) -m grader check $(SUBMISSION)
 
 leaderboard: env
-	$(PY) -m grader leaderboard --out $(OUT)
+	$(PY) -m grader leaderboard --out $(RESULTS)
 
 test: env
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)

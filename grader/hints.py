@@ -27,10 +27,10 @@ def hint_for(build: BuildResult | None, cases: list[CaseResult], kind: str) -> s
         return (f"Case {first.case} ran past the time limit: check loop bounds (an infinite loop "
                 f"or a __syncthreads() that not every thread reaches), then speed.")
     if first.status is Status.RUNTIME_ERROR:
-        if "illegal memory access" in first.message or "out of bounds" in first.message:
-            return ("An out-of-bounds access: check your index arithmetic and the tail guards "
-                    "when seq_len is not a multiple of your tile (TODO 2.4). Run your kernel under "
-                    "compute-sanitizer to find the line.")
+        if "CUDA error" in first.message or "SIGSEGV" in first.message:
+            return ("A CUDA error in your kernel, most often an access outside Q, K, V or O: check "
+                    "your index arithmetic and the tail guards when seq_len is not a multiple of "
+                    "your tile (TODO 2.4). Run it under compute-sanitizer to find the line.")
         return "The call raised an error: read the message above, then the shape checks (TODO 0)."
     finding = first.finding
     if finding is None:

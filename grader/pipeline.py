@@ -57,9 +57,11 @@ def now() -> str:
 # ---------------------------------------------------------------- one submission
 
 
-def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext, *,
-                     started: float) -> SubmissionResult:
-    """Everything after the build, for one submission; never raises for the submission's faults."""
+def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> SubmissionResult:
+    """Everything after the build, for one submission; never raises for the submission's faults.
+
+    Its wall time is the build's plus its own stages', not the time it waited for the GPU."""
+    started = time.monotonic() - build.elapsed_s
     base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=sub.role.value, build=build)
     if build.status is not Status.PASS:
         return _finish(base, build.status, build.message, build=build, cases=[], started=started)
@@ -321,10 +323,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
         results.append(result)
         ctx.progress.done(result)
 
-    starts: dict[str, float] = {}
-
     def build(sub: Submission) -> BuildResult:
-        starts[sub.id] = time.monotonic()
         ctx.progress.stage(sub.id, "build")
         return build_submission(sub, build_dir=ctx.build_dir / sub.module_name, device=ctx.device,
                                 limits=ctx.limits,
@@ -342,9 +341,9 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             except Exception as e:   # a grader bug must not stop the other submissions
                 build_result = BuildResult(Status.BUILD_ERROR, "none", 0.0,
                                            message=f"grader error while building: {e!r}")
-            started = starts.get(sub.id, time.monotonic())
+            started = time.monotonic()
             try:
-                result = grade_submission(sub, build_result, ctx, started=started)
+                result = grade_submission(sub, build_result, ctx)
             except GpuUnhealthy:
                 raise
             except Exception as e:   # a grader bug: this submission's result says so, then go on
