@@ -127,13 +127,18 @@ def arch_flags(arch: str) -> list[str]:
     return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
 
 
-def _build_extension(source: Path, name: str, build_dir: Path, arch: str) -> None:
+def build_extension(source: Path, name: str, build_dir: Path, arch: str,
+                    extra_cuda_cflags: list[str] = ()) -> Path:
+    """load_inline exactly as a CS149-style wrapper calls it; returns the built module's path."""
     from torch.utils.cpp_extension import load_inline
+    build_dir.mkdir(parents=True, exist_ok=True)
     load_inline(name=name, cpp_sources=[config.ENTRY_DECLARATION],
                 cuda_sources=[source.read_text()], functions=[config.ENTRY_POINT],
-                build_directory=str(build_dir), verbose=True,
-                extra_cflags=["-O3"], extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(arch)])
-    print(f"built {build_dir / (name + '.so')}")
+                build_directory=str(build_dir), verbose=True, extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(arch), *extra_cuda_cflags])
+    path = build_dir / f"{name}.so"
+    print(f"built {path}")
+    return path
 
 
 def cuda_include_dirs() -> list[str]:
@@ -179,11 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--build-dir", type=Path)
     p.add_argument("--arch", default=config.DEFAULT_CUDA_ARCH)
     p.add_argument("--nvcc")
+    p.add_argument("--cuda-flag", action="append", default=[],
+                   help="extra nvcc flag for 'extension' builds (benchmarks: -DNAME=VALUE, -Xptxas=-v)")
     a = p.parse_args(argv)
     if a.mode == "import":
         _import_check(a.source)
     elif a.mode == "extension":
-        _build_extension(a.source, a.name, a.build_dir, a.arch)
+        build_extension(a.source, a.name, a.build_dir, a.arch, a.cuda_flag)
     else:
         _compile_only(a.source, a.name, a.build_dir, a.arch, a.nvcc)
 

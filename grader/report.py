@@ -153,15 +153,20 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 def text_table(rows: list[Row]) -> str:
     """The leaderboard as plain text, for terminals, logs and notes."""
-    head = f"{'#':>3}  {'submission':24} {'status':13} {'cases':>7} {'median ms':>10} {'TFLOP/s':>8} {'vs ref':>7}  verdict"
+    head = (f"{'#':>3}  {'submission':24} {'status':13} {'cases':>5} {'median ms':>10} "
+            f"{'TFLOP/s':>8} {'vs ref':>7} {'wall s':>7}  verdict")
     out = [head, "-" * len(head)]
     for row in rows:
         r = row.result
         ran = [c for c in r.cases if c.status is not Status.NOT_RUN]
         cases = f"{sum(c.status is Status.PASS for c in ran)}/{len(ran)}" if ran else "-"
-        out.append(f"{row.rank or '':>3}  {r.label[:24]:24} {r.status.value:13} {cases:>7} "
+        out.append(f"{row.rank or '':>3}  {r.label[:24]:24} {r.status.value:13} {cases:>5} "
                    f"{(f'{r.timing.median_ms:.3f}' if r.timing else ''):>10} "
                    f"{(f'{r.timing.tflops:.1f}' if r.timing else ''):>8} "
-                   f"{(f'{row.speedup_vs_reference:.2f}x' if row.speedup_vs_reference else ''):>7}  "
-                   f"{(r.message.splitlines()[0] if r.message else '')[:70]}")
+                   f"{(f'{row.speedup_vs_reference:.2f}x' if row.speedup_vs_reference else ''):>7} "
+                   f"{r.wall_s:7.1f}  {(r.message.splitlines()[0] if r.message else '')[:60]}")
+    peak = max((c.peak_memory_bytes or 0 for row in rows for c in row.result.cases), default=0)
+    if peak:
+        out.append(f"\npeak GPU memory of a correctness check (reference + comparison): "
+                   f"{peak / 2**30:.2f} GiB")
     return "\n".join(out)

@@ -1,13 +1,24 @@
 // Reference solution (instructors only; never shipped to students).
 //
-// Versions (llm.c style; one dispatcher, flash_attention_forward, picks the live one):
-//   kernel 2: tiled. K/V tiles of Bc keys in shared memory, shared by Br query rows of one
-//             (batch, head); one warp per row group, one lane per key for the scores, online
-//             softmax (m_i, l_i), acc rescaled by exp(m_old - m_new), masked tails. fp32 CUDA
-//             cores only: a correct placeholder until the tensor-core kernel (issue 4) lands.
+// Versions (llm.c style; flash_attention_forward dispatches on ATTENTION_VERSION):
+//   kernel 2: tiled on CUDA cores. K/V tiles of Bc keys in shared memory shared by Br query
+//             rows, one lane per key for the scores, online softmax, masked tails. Correct and
+//             simple; ~13 TFLOP/s on (4, 64, 8192, 128) on an H200, slower than the PyTorch
+//             reference (matmuls on tensor cores). Kept as a correctness cross-check.
+//   kernel 3: FlashAttention-2 on tensor cores. mma.sync m16n8k16 (fp16 in, fp32 accumulate);
+//             Q fragments loaded once with ldmatrix, K with ldmatrix, V with ldmatrix.trans;
+//             K/V tiles double-buffered with cp.async; 16-byte chunks XOR-swizzled by row so
+//             ldmatrix reads are free of bank conflicts; softmax in fp32 with exp2f and log2(e)
+//             folded into the scale; P stays in registers as the A operand of the second MMA;
+//             the row sum l_i is reduced across the quad once, at the end. See notes/solution.md
+//             for measured speeds.
 #include <torch/extension.h>
 #include <cuda_fp16.h>
 #include <ATen/cuda/CUDAContext.h>
+
+#ifndef ATTENTION_VERSION
+#define ATTENTION_VERSION 3
+#endif
 
 namespace {
 
@@ -115,6 +126,209 @@ void attention_forward2(const half* q, const half* k, const half* v, half* o, in
     attention_kernel2<D, Br, Bc><<<grid, WARPS * 32, 0, stream>>>(q, k, v, o, S, 1.0f / sqrtf((float)D));
 }
 
+
+// ---------------------------------------------------------------- kernel 3: tensor cores
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const int src_bytes = valid ? 16 : 0;   // 0: zero-fill the 16 bytes (tails)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const half* smem) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const half* smem) {
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+// c += a · b for one m16n8k16 tile: a is 16x16 (row), b is 16x8 (col), fp16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack_half2(float x, float y) {
+    const half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// Shared-memory tiles are rows of D halves in 16-byte chunks; chunk c of row r is stored at chunk
+// c ^ (r % 8). The 8 rows one ldmatrix reads (same logical chunk) then hit 8 different banks.
+template <int D>
+__device__ __forceinline__ int swizzle(int row, int chunk) { return row * D + ((chunk ^ (row & 7)) << 3); }
+
+// Copy `ROWS` rows of (.., D) starting at row0 into swizzled smem; rows >= S are zero-filled.
+template <int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(half* dst, const half* src, int row0, int S, int tid) {
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int i = 0; i < ROWS * CHUNKS / THREADS; ++i) {
+        const int idx = tid + i * THREADS;
+        const int r = idx / CHUNKS, c = idx % CHUNKS;
+        const bool ok = row0 + r < S;
+        cp_async_16(dst + swizzle<D>(r, c), src + (ok ? (long)(row0 + r) * D + c * 8 : 0), ok);
+    }
+}
+
+// Grid: (ceil(S / Br), B * H). Block: Br / 16 warps; warp w owns query rows [16 w, 16 w + 16).
+// Per thread (lane = 4 g + t): rows g and g + 8 of its warp's 16; columns 2t, 2t + 1 of each n8 tile.
+template <int D, int Br, int Bc>
+__global__ void __launch_bounds__(Br / 16 * 32)
+attention_kernel3(const half* __restrict__ Q, const half* __restrict__ K, const half* __restrict__ V,
+                  half* __restrict__ O, int S, float scale_log2) {
+    constexpr int WARPS = Br / 16, THREADS = WARPS * 32;
+    constexpr int DK = D / 16;    // k16 steps over head_dim (S = Q Kᵀ)
+    constexpr int NS = Bc / 8;    // n8 tiles of the score row block
+    constexpr int ND = D / 8;     // n8 tiles of the output
+    static_assert(Br * D / 8 % THREADS == 0 && Bc * D / 8 % THREADS == 0, "tile loads divide evenly");
+    extern __shared__ __align__(128) half smem[];
+    half* q_s = smem;                 // Br x D
+    half* k_s = q_s + Br * D;         // 2 stages x Bc x D
+    half* v_s = k_s + 2 * Bc * D;     // 2 stages x Bc x D
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const long base = (long)blockIdx.y * S * D;
+    const int row0 = blockIdx.x * Br;
+    const int n_tiles = (S + Bc - 1) / Bc;
+
+    load_tile<D, Br, THREADS>(q_s, Q + base, row0, S, tid);
+    load_tile<D, Bc, THREADS>(k_s, K + base, 0, S, tid);
+    load_tile<D, Bc, THREADS>(v_s, V + base, 0, S, tid);
+    cp_async_commit();
+
+    unsigned q_frag[DK][4];
+    float acc[ND][4];
+#pragma unroll
+    for (int t = 0; t < ND; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int stage = j & 1;
+        if (j + 1 < n_tiles) {   // prefetch the next K/V tile into the other stage
+            load_tile<D, Bc, THREADS>(k_s + (stage ^ 1) * Bc * D, K + base, (j + 1) * Bc, S, tid);
+            load_tile<D, Bc, THREADS>(v_s + (stage ^ 1) * Bc * D, V + base, (j + 1) * Bc, S, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();       // everything but the prefetch has landed
+        __syncthreads();
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < DK; ++kk)
+                ldmatrix_x4(q_frag[kk], q_s + swizzle<D>(warp * 16 + (lane % 16), 2 * kk + lane / 16));
+        }
+        const half* kt = k_s + stage * Bc * D;
+        const half* vt = v_s + stage * Bc * D;
+
+        // S = Q Kᵀ for this warp's 16 rows and Bc keys.
+        float s[NS][4];
+#pragma unroll
+        for (int t = 0; t < NS; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < DK; ++kk) {
+#pragma unroll
+            for (int nn = 0; nn < NS / 2; ++nn) {
+                unsigned b[4];
+                ldmatrix_x4(b, kt + swizzle<D>(nn * 16 + (lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
+                mma_16816(s[2 * nn], q_frag[kk], b[0], b[1]);
+                mma_16816(s[2 * nn + 1], q_frag[kk], b[2], b[3]);
+            }
+        }
+        if ((j + 1) * Bc > S) {   // the last tile: keys past the end get no weight
+#pragma unroll
+            for (int t = 0; t < NS; ++t)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (j * Bc + t * 8 + 2 * (lane % 4) + (e & 1) >= S) s[t][e] = -INFINITY;
+        }
+
+        // Online softmax, in base 2: p = exp2(s·scale·log2(e) - m_i).
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int t = 0; t < NS; ++t) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float m_new = fmaxf(m_i[r], mx * scale_log2);
+            const float alpha = exp2f(m_i[r] - m_new);   // 0 on the first tile (m_i = -inf)
+            m_i[r] = m_new;
+            float row_sum = 0.f;
+#pragma unroll
+            for (int t = 0; t < NS; ++t) {
+                s[t][2 * r] = exp2f(fmaf(s[t][2 * r], scale_log2, -m_new));
+                s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], scale_log2, -m_new));
+                row_sum += s[t][2 * r] + s[t][2 * r + 1];
+            }
+            l_i[r] = l_i[r] * alpha + row_sum;   // this thread's partial sum; reduced at the end
+#pragma unroll
+            for (int t = 0; t < ND; ++t) {
+                acc[t][2 * r] *= alpha;
+                acc[t][2 * r + 1] *= alpha;
+            }
+        }
+
+        // O += P V: two n8 tiles of S form the A fragment of one k16 step, straight from registers.
+#pragma unroll
+        for (int kk = 0; kk < Bc / 16; ++kk) {
+            const unsigned a[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                                   pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dd = 0; dd < ND / 2; ++dd) {
+                unsigned b[4];
+                ldmatrix_x4_trans(b, vt + swizzle<D>(kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * dd + lane / 16));
+                mma_16816(acc[2 * dd], a, b[0], b[1]);
+                mma_16816(acc[2 * dd + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();   // this stage is overwritten by the prefetch of the next iteration
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l_i[r] += __shfl_xor_sync(0xffffffff, l_i[r], 1);
+        l_i[r] += __shfl_xor_sync(0xffffffff, l_i[r], 2);
+        const int row = row0 + warp * 16 + lane / 4 + 8 * r;
+        if (row >= S) continue;
+        const float inv = 1.f / l_i[r];
+        half* o = O + base + (long)row * D + 2 * (lane % 4);
+#pragma unroll
+        for (int t = 0; t < ND; ++t)
+            *reinterpret_cast<half2*>(o + t * 8) = __floats2half2_rn(acc[t][2 * r] * inv, acc[t][2 * r + 1] * inv);
+    }
+}
+
+#ifndef ATTN_BR
+#define ATTN_BR 64
+#endif
+#ifndef ATTN_BC
+#define ATTN_BC 64
+#endif
+
+template <int D>
+void attention_forward3(const half* q, const half* k, const half* v, half* o, int BH, int S,
+                        cudaStream_t stream) {
+    constexpr int Br = ATTN_BR, Bc = ATTN_BC;
+    constexpr int smem = (Br + 4 * Bc) * D * sizeof(half);
+    auto kernel = attention_kernel3<D, Br, Bc>;
+    static bool configured = false;   // one attribute call per instantiation
+    if (!configured) {
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured = true;
+    }
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
+    dim3 grid((S + Br - 1) / Br, BH);
+    kernel<<<grid, Br / 16 * 32, smem, stream>>>(q, k, v, o, S, scale_log2);
+}
+
 }  // namespace
 
 torch::Tensor flash_attention_forward(torch::Tensor Q, torch::Tensor K, torch::Tensor V) {
@@ -135,8 +349,13 @@ torch::Tensor flash_attention_forward(torch::Tensor Q, torch::Tensor K, torch::T
     auto v = reinterpret_cast<const half*>(V.data_ptr<at::Half>());
     auto o = reinterpret_cast<half*>(O.data_ptr<at::Half>());
     auto stream = at::cuda::getCurrentCUDAStream();
+#if ATTENTION_VERSION == 2
     if (D == 64) attention_forward2<64>(q, k, v, o, BH, S, stream);
     else attention_forward2<128>(q, k, v, o, BH, S, stream);
+#else
+    if (D == 64) attention_forward3<64>(q, k, v, o, BH, S, stream);
+    else attention_forward3<128>(q, k, v, o, BH, S, stream);
+#endif
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return O;
 }
