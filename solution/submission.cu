@@ -178,13 +178,20 @@ __device__ __forceinline__ void load_tile(half* dst, const half* src, int row0, 
     }
 }
 
-// Grid: (ceil(S / Br), B * H). Block: Br / 16 warps; warp w owns query rows [16 w, 16 w + 16).
-// Per thread (lane = 4 g + t): rows g and g + 8 of its warp's 16; columns 2t, 2t + 1 of each n8 tile.
-template <int D, int Br, int Bc>
-__global__ void __launch_bounds__(Br / 16 * 32)
+__device__ __forceinline__ float fast_exp2(float x) {   // MUFU.EX2; exp2(-inf) = 0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Grid: (ceil(S / Br), B * H) with Br = 16 * WARPS * MT. Warp w owns MT m16 tiles of query rows,
+// [16 (w MT + mt), +16); every K and V fragment it loads from shared memory feeds all MT of them.
+// Per thread (lane = 4 g + t): rows g and g + 8 of each m-tile; columns 2t, 2t + 1 of each n8 tile.
+template <int D, int WARPS, int MT, int Bc>
+__global__ void __launch_bounds__(WARPS * 32)
 attention_kernel3(const half* __restrict__ Q, const half* __restrict__ K, const half* __restrict__ V,
                   half* __restrict__ O, int S, float scale_log2) {
-    constexpr int WARPS = Br / 16, THREADS = WARPS * 32;
+    constexpr int Br = 16 * WARPS * MT, THREADS = WARPS * 32;
     constexpr int DK = D / 16;    // k16 steps over head_dim (S = Q Kᵀ)
     constexpr int NS = Bc / 8;    // n8 tiles of the score row block
     constexpr int ND = D / 8;     // n8 tiles of the output
@@ -204,11 +211,15 @@ attention_kernel3(const half* __restrict__ Q, const half* __restrict__ K, const 
     load_tile<D, Bc, THREADS>(v_s, V + base, 0, S, tid);
     cp_async_commit();
 
-    unsigned q_frag[DK][4];
-    float acc[ND][4];
+    float acc[MT][ND][4];
+    float m_i[MT][2], l_i[MT][2];
 #pragma unroll
-    for (int t = 0; t < ND; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int t = 0; t < ND; ++t) acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.f;
+        m_i[mt][0] = m_i[mt][1] = -INFINITY;
+        l_i[mt][0] = l_i[mt][1] = 0.f;
+    }
 
     for (int j = 0; j < n_tiles; ++j) {
         const int stage = j & 1;
@@ -219,95 +230,121 @@ attention_kernel3(const half* __restrict__ Q, const half* __restrict__ K, const 
         cp_async_commit();
         cp_async_wait<1>();       // everything but the prefetch has landed
         __syncthreads();
-        if (j == 0) {
-#pragma unroll
-            for (int kk = 0; kk < DK; ++kk)
-                ldmatrix_x4(q_frag[kk], q_s + swizzle<D>(warp * 16 + (lane % 16), 2 * kk + lane / 16));
-        }
         const half* kt = k_s + stage * Bc * D;
         const half* vt = v_s + stage * Bc * D;
 
-        // S = Q Kᵀ for this warp's 16 rows and Bc keys.
-        float s[NS][4];
+        // S = Q Kᵀ for this warp's MT x 16 rows and Bc keys; Q fragments re-read per k step.
+        float s[MT][NS][4];
 #pragma unroll
-        for (int t = 0; t < NS; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int t = 0; t < NS; ++t) s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < DK; ++kk) {
+            unsigned qf[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(qf[mt], q_s + swizzle<D>((warp * MT + mt) * 16 + (lane % 16), 2 * kk + lane / 16));
 #pragma unroll
             for (int nn = 0; nn < NS / 2; ++nn) {
                 unsigned b[4];
                 ldmatrix_x4(b, kt + swizzle<D>(nn * 16 + (lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
-                mma_16816(s[2 * nn], q_frag[kk], b[0], b[1]);
-                mma_16816(s[2 * nn + 1], q_frag[kk], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816(s[mt][2 * nn], qf[mt], b[0], b[1]);
+                    mma_16816(s[mt][2 * nn + 1], qf[mt], b[2], b[3]);
+                }
             }
         }
         if ((j + 1) * Bc > S) {   // the last tile: keys past the end get no weight
 #pragma unroll
-            for (int t = 0; t < NS; ++t)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (j * Bc + t * 8 + 2 * (lane % 4) + (e & 1) >= S) s[t][e] = -INFINITY;
+                for (int t = 0; t < NS; ++t)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (j * Bc + t * 8 + 2 * (lane % 4) + (e & 1) >= S) s[mt][t][e] = -INFINITY;
         }
 
         // Online softmax, in base 2: p = exp2(s·scale·log2(e) - m_i).
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = -INFINITY;
+        for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-            for (int t = 0; t < NS; ++t) mx = fmaxf(mx, fmaxf(s[t][2 * r], s[t][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float m_new = fmaxf(m_i[r], mx * scale_log2);
-            const float alpha = exp2f(m_i[r] - m_new);   // 0 on the first tile (m_i = -inf)
-            m_i[r] = m_new;
-            float row_sum = 0.f;
+            for (int r = 0; r < 2; ++r) {
+                float mx = -INFINITY;
 #pragma unroll
-            for (int t = 0; t < NS; ++t) {
-                s[t][2 * r] = exp2f(fmaf(s[t][2 * r], scale_log2, -m_new));
-                s[t][2 * r + 1] = exp2f(fmaf(s[t][2 * r + 1], scale_log2, -m_new));
-                row_sum += s[t][2 * r] + s[t][2 * r + 1];
-            }
-            l_i[r] = l_i[r] * alpha + row_sum;   // this thread's partial sum; reduced at the end
+                for (int t = 0; t < NS; ++t) mx = fmaxf(mx, fmaxf(s[mt][t][2 * r], s[mt][t][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                const float m_new = fmaxf(m_i[mt][r], mx * scale_log2);
+                const float alpha = fast_exp2(m_i[mt][r] - m_new);   // 0 on the first tile (m_i = -inf)
+                m_i[mt][r] = m_new;
+                float row_sum = 0.f;
 #pragma unroll
-            for (int t = 0; t < ND; ++t) {
-                acc[t][2 * r] *= alpha;
-                acc[t][2 * r + 1] *= alpha;
+                for (int t = 0; t < NS; ++t) {
+                    s[mt][t][2 * r] = fast_exp2(fmaf(s[mt][t][2 * r], scale_log2, -m_new));
+                    s[mt][t][2 * r + 1] = fast_exp2(fmaf(s[mt][t][2 * r + 1], scale_log2, -m_new));
+                    row_sum += s[mt][t][2 * r] + s[mt][t][2 * r + 1];
+                }
+                l_i[mt][r] = l_i[mt][r] * alpha + row_sum;   // this thread's partial sum; reduced at the end
+#pragma unroll
+                for (int t = 0; t < ND; ++t) {
+                    acc[mt][t][2 * r] *= alpha;
+                    acc[mt][t][2 * r + 1] *= alpha;
+                }
             }
         }
 
         // O += P V: two n8 tiles of S form the A fragment of one k16 step, straight from registers.
 #pragma unroll
         for (int kk = 0; kk < Bc / 16; ++kk) {
-            const unsigned a[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                                   pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                   pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                a[mt][0] = pack_half2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_half2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_half2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_half2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int dd = 0; dd < ND / 2; ++dd) {
                 unsigned b[4];
                 ldmatrix_x4_trans(b, vt + swizzle<D>(kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * dd + lane / 16));
-                mma_16816(acc[2 * dd], a, b[0], b[1]);
-                mma_16816(acc[2 * dd + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816(acc[mt][2 * dd], a[mt], b[0], b[1]);
+                    mma_16816(acc[mt][2 * dd + 1], a[mt], b[2], b[3]);
+                }
             }
         }
         __syncthreads();   // this stage is overwritten by the prefetch of the next iteration
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l_i[r] += __shfl_xor_sync(0xffffffff, l_i[r], 1);
-        l_i[r] += __shfl_xor_sync(0xffffffff, l_i[r], 2);
-        const int row = row0 + warp * 16 + lane / 4 + 8 * r;
-        if (row >= S) continue;
-        const float inv = 1.f / l_i[r];
-        half* o = O + base + (long)row * D + 2 * (lane % 4);
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int t = 0; t < ND; ++t)
-            *reinterpret_cast<half2*>(o + t * 8) = __floats2half2_rn(acc[t][2 * r] * inv, acc[t][2 * r + 1] * inv);
+        for (int r = 0; r < 2; ++r) {
+            float l = l_i[mt][r];
+            l += __shfl_xor_sync(0xffffffff, l, 1);
+            l += __shfl_xor_sync(0xffffffff, l, 2);
+            const int row = row0 + (warp * MT + mt) * 16 + lane / 4 + 8 * r;
+            if (row >= S) continue;
+            const float inv = 1.f / l;
+            half* o = O + base + (long)row * D + 2 * (lane % 4);
+#pragma unroll
+            for (int t = 0; t < ND; ++t)
+                *reinterpret_cast<half2*>(o + t * 8) =
+                    __floats2half2_rn(acc[mt][t][2 * r] * inv, acc[mt][t][2 * r + 1] * inv);
+        }
     }
 }
 
-#ifndef ATTN_BR
-#define ATTN_BR 64
+// Tile shape: ATTN_WARPS warps x ATTN_MT m16 tiles each = Br query rows; ATTN_BC keys per tile.
+#ifndef ATTN_WARPS
+#define ATTN_WARPS 4
+#endif
+#ifndef ATTN_MT
+#define ATTN_MT 2
 #endif
 #ifndef ATTN_BC
 #define ATTN_BC 64
@@ -316,9 +353,9 @@ attention_kernel3(const half* __restrict__ Q, const half* __restrict__ K, const 
 template <int D>
 void attention_forward3(const half* q, const half* k, const half* v, half* o, int BH, int S,
                         cudaStream_t stream) {
-    constexpr int Br = ATTN_BR, Bc = ATTN_BC;
+    constexpr int WARPS_ = ATTN_WARPS, MT = ATTN_MT, Bc = ATTN_BC, Br = 16 * WARPS_ * MT;
     constexpr int smem = (Br + 4 * Bc) * D * sizeof(half);
-    auto kernel = attention_kernel3<D, Br, Bc>;
+    auto kernel = attention_kernel3<D, WARPS_, MT, Bc>;
     static bool configured = false;   // one attribute call per instantiation
     if (!configured) {
         C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -326,7 +363,7 @@ void attention_forward3(const half* q, const half* k, const half* v, half* o, in
     }
     const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
     dim3 grid((S + Br - 1) / Br, BH);
-    kernel<<<grid, Br / 16 * 32, smem, stream>>>(q, k, v, o, S, scale_log2);
+    kernel<<<grid, WARPS_ * 32, smem, stream>>>(q, k, v, o, S, scale_log2);
 }
 
 }  // namespace
