@@ -1,7 +1,7 @@
 # FlashAttention assignment kit. Verbs are targets; knobs are variables:
 #   make grade SUBMISSIONS=path/to/folders RESULTS=results
 #   make check SUBMISSION=student
-#   make test | make test-gpu | make bench | make clean
+#   make test | make test-gpu | make bench | make release | make clean
 SHELL := /bin/sh
 PYTHON_BASE ?= python3
 TORCH_SPEC ?= torch==2.13.0
@@ -14,7 +14,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 GRADE_ARGS := --out $(RESULTS) $(if $(JOBS),--jobs $(JOBS))
 
-.PHONY: env grade check leaderboard test test-gpu clean
+.PHONY: env grade check leaderboard test test-gpu bench perf-table release clean
 
 env: $(VENV)/.ready
 
@@ -36,5 +36,15 @@ test: env
 test-gpu: env
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
+bench: env
+	$(PY) bench/bench.py
+	$(PY) scripts/perf_table.py
+
+perf-table: env
+	$(PY) scripts/perf_table.py
+
+release: env
+	$(PY) scripts/release.py --out dist
+
 clean:
-	rm -rf build results $(VENV) .pytest_cache
+	rm -rf build results dist $(VENV) .pytest_cache

@@ -62,7 +62,8 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
 
     Its wall time is the build's plus its own stages', not the time it waited for the GPU."""
     started = time.monotonic() - build.elapsed_s
-    base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=sub.role.value, build=build)
+    base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=sub.role.value, build=build,
+                source_text=_read_source(sub))
     if build.status is not Status.PASS:
         return _finish(base, build.status, build.message, build=build, cases=[], started=started)
 
@@ -107,10 +108,19 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
                    timing=timing, timed_case=timed_case, notes=notes, started=started)
 
 
+def _read_source(sub: Submission) -> str | None:
+    try:
+        return sub.source.read_text(errors="replace") if sub.kind is not Kind.INVALID else None
+    except OSError:
+        return None
+
+
 def _finish(base: dict, status: Status, message: str, *, build, cases, started: float,
             notes=(), timing=None, timed_case=None) -> SubmissionResult:
+    base = dict(base)
+    source = base.pop("source_text", None)
     return SubmissionResult(**{**base, "build": build}, status=status, message=message,
-                            hint=hint_for(build, cases, base["kind"]), cases=tuple(cases),
+                            hint=hint_for(build, cases, source), cases=tuple(cases),
                             timing=timing, timed_case=timed_case, notes=tuple(notes),
                             wall_s=round(time.monotonic() - started, 2), graded_at=now())
 

@@ -71,7 +71,8 @@ fi
 # Headers for compile checks when torch has no CUDA.
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" && command -v nvcc >/dev/null; then
     CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
-    if [ ! -f "$CUDA_INC/cusparse.h" ] && [ ! -f "$VENV/cuda-include/cusparse.h" ]; then
+    if [ ! -f "$CUDA_INC/cusparse.h" ] && [ ! -f "$VENV/cuda-include/cusparse.h" ] \
+       && [ ! -f "${GRADER_CUDA_INCLUDE:-/nonexistent}/cusparse.h" ]; then
         echo "bootstrap: fetching cuBLAS/cuSPARSE/cuSOLVER headers for compile checks"
         TMP=$(mktemp -d)
         $PIP download -q --no-deps $PIP_SRC -d "$TMP" nvidia-cublas nvidia-cusparse nvidia-cusolver

@@ -125,7 +125,7 @@ def test_findings_and_messages_are_student_facing(graded):
     _, out = graded
     load = lambda n: json.loads((out / f"{n}.json").read_text())
     zeros = load("zeros")
-    assert zeros["cases"][1]["finding"]["all_zero"] and "TODO 1.1" in zeros["hint"]
+    assert zeros["cases"][1]["finding"]["all_zero"] and "TODO(1.1)" in zeros["hint"]
     nan = load("nan_row")
     assert nan["cases"][0]["finding"]["nan_count"] == 64
     assert nan["cases"][0]["finding"]["first_bad"][0]["index"] == [0, 0, 0, 0]
@@ -171,7 +171,7 @@ def test_check_prints_the_failed_case_and_the_todo(tmp_path, make_submission):
     assert proc.returncode == 1
     text = proc.stdout
     assert "mine: MISMATCH" in text and "b1_h2_s1_d64" in text
-    assert "the output is all zeros" in text and "Hint:" in text and "TODO 1.1" in text
+    assert "the output is all zeros" in text and "Hint:" in text and "TODO(1.1)" in text
 
 
 def test_malformed_case_file_stops_with_file_and_line(tmp_path, make_submission):
