@@ -106,7 +106,8 @@ __global__ void attention_kernel2(const half* __restrict__ Q, const half* __rest
             //            (q_s is already scaled); a key at or past S gets -INFINITY (TODO 2.4).
             //            The tile's max over the warp (a __shfl_xor_sync reduction) updates m_i.
             // TODO(2.3): rescale l_i[r] and acc[r][..] by exp(m_old - m_new), then add this
-            //            tile's p_j = exp(s_j - m_new): each lane owns output columns
+            //            tile's p_j = exp(s_j - m_new). l_i gains the sum of p_j over the tile's
+            //            keys, one per lane: a warp sum. acc: each lane owns output columns
             //            lane + 32 i, and needs every lane's p_j (__shfl_sync(..., p, j)).
         }
     }

@@ -79,4 +79,5 @@ def test_examples_on_the_gpu(tmp_path):
     assert "CUDA error" in crash["message"] and "compute-sanitizer" in crash["hint"]
     assert all("context was lost" in c["message"] for c in crash["cases"][2:])
     assert results["skeleton"]["cases"][0]["finding"]["all_zero"]
+    assert "TODO(1.1)" in results["skeleton"]["hint"]
     assert baselines["solution"]["wall_s"] < 90, baselines["solution"]["wall_s"]

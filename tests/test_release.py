@@ -81,3 +81,14 @@ def test_make_check_from_the_unpacked_release(unpacked):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "student: NOT_RUN" in out and "compiled; not run: no CUDA device" in out
     assert "the first is TODO(1.1)" in out
+
+
+def test_handout_performance_table_is_generated_from_the_bench_results():
+    spec = importlib.util.spec_from_file_location("perf_table", ROOT / "scripts" / "perf_table.py")
+    perf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(perf)
+    results = perf.json.loads(perf.RESULTS.read_text())
+    handout = perf.HANDOUT.read_text()
+    assert perf.update(handout, perf.render(results)) == handout, \
+        "student/README.md's table is stale or hand-edited: run scripts/perf_table.py"
+    assert results["device"] in handout and "SDPA FLASH" in handout
