@@ -63,6 +63,7 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
         print(f"error: {e}", file=sys.stderr)
         return 2
     device = detect(force_cpu=args.cpu)
+    baselines = baselines if device.cuda else []   # PyTorch baselines are timed on a GPU only
     out.mkdir(parents=True, exist_ok=True)
     run = dict(started_at=now(), finished_at=None, device=device.to_dict(),
                cases=[dict(id=c.id, hidden=c.hidden, line=c.line(), flops=c.flops) for c in cases],
@@ -78,7 +79,7 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     t0 = time.monotonic()
     code = 0
     try:
-        grade_all(subs, ctx, baselines=baselines if device.cuda else [], build_jobs=args.jobs)
+        grade_all(subs, ctx, baselines=baselines, build_jobs=args.jobs)
     except GpuUnhealthy as e:
         progress.note(f"STOPPED: {e}")
         code = 3

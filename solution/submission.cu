@@ -10,14 +10,17 @@
 //             K/V tiles double-buffered with cp.async; 16-byte chunks XOR-swizzled by row so
 //             ldmatrix reads are free of bank conflicts; softmax in fp32 with exp2f and log2(e)
 //             folded into the scale; P stays in registers as the A operand of the second MMA;
-//             the row sum l_i is reduced across the quad once, at the end. See notes/solution.md
-//             for measured speeds.
+//             the row sum l_i is reduced across the quad once, at the end. 314 TFLOP/s on the
+//             timed case on an H200: 0.89x SDPA FLASH (notes/solution.md).
+//   kernel 4 (removed; commit 160049e): QKᵀ of tile j+1 issued before the softmax of tile j, to
+//             overlap the tensor pipe with the softmax. 0.83x kernel 3: more registers (255,
+//             spills) for the second score buffer, and no overlap gained.
 #include <torch/extension.h>
 #include <cuda_fp16.h>
 #include <ATen/cuda/CUDAContext.h>
 
 #ifndef ATTENTION_VERSION
-#define ATTENTION_VERSION 3   // 4 is being measured (notes/solution.md)
+#define ATTENTION_VERSION 3
 #endif
 
 namespace {
@@ -366,170 +369,6 @@ void attention_forward3(const half* q, const half* k, const half* v, half* o, in
     kernel<<<grid, WARPS_ * 32, smem, stream>>>(q, k, v, o, S, scale_log2);
 }
 
-// ---------------------------------------------------------------- kernel 4: pipelined in the warp
-//
-// Kernel 3 waits: S = Q Kᵀ, then the softmax (which needs all of S), then P V (which needs the
-// softmax). With 2 warps per scheduler nothing fills those gaps (ncu: no eligible warp in 62% of
-// cycles). Here each iteration issues the Q Kᵀ MMAs of tile j + 1 first and then runs the softmax
-// and P V of tile j: the two are independent, so the tensor pipe works while the softmax runs.
-// Loads are staged to match: during iteration j, V_j and K_{j+1} are resident while V_{j+1} and
-// K_{j+2} are copied in. One warp = 16 query rows, Q fragments in registers.
-
-template <int D, int Bc>
-__device__ __forceinline__ void scores_16xBc(float (&s)[Bc / 8][4], const unsigned (&q_frag)[D / 16][4],
-                                             const half* kt, int lane) {
-#pragma unroll
-    for (int t = 0; t < Bc / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-        for (int nn = 0; nn < Bc / 16; ++nn) {
-            unsigned b[4];
-            ldmatrix_x4(b, kt + swizzle<D>(nn * 16 + (lane % 8) + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
-            mma_16816(s[2 * nn], q_frag[kk], b[0], b[1]);
-            mma_16816(s[2 * nn + 1], q_frag[kk], b[2], b[3]);
-        }
-    }
-}
-
-template <int D, int WARPS, int Bc>
-__global__ void __launch_bounds__(WARPS * 32)
-attention_kernel4(const half* __restrict__ Q, const half* __restrict__ K, const half* __restrict__ V,
-                  half* __restrict__ O, int S, float scale_log2) {
-    constexpr int Br = 16 * WARPS, THREADS = WARPS * 32;
-    constexpr int NS = Bc / 8, ND = D / 8;
-    extern __shared__ __align__(128) half smem[];
-    half* q_s = smem;                 // Br x D
-    half* k_s = q_s + Br * D;         // 2 stages x Bc x D: K_t in stage t % 2
-    half* v_s = k_s + 2 * Bc * D;     // 2 stages x Bc x D: V_t in stage t % 2
-
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const long base = (long)blockIdx.y * S * D;
-    const int row0 = blockIdx.x * Br;
-    const int n_tiles = (S + Bc - 1) / Bc;
-
-    // Prologue: group {Q, K_0}, then group {V_0, K_1}.
-    load_tile<D, Br, THREADS>(q_s, Q + base, row0, S, tid);
-    load_tile<D, Bc, THREADS>(k_s, K + base, 0, S, tid);
-    cp_async_commit();
-    load_tile<D, Bc, THREADS>(v_s, V + base, 0, S, tid);
-    if (n_tiles > 1) load_tile<D, Bc, THREADS>(k_s + Bc * D, K + base, Bc, S, tid);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-
-    unsigned q_frag[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-        ldmatrix_x4(q_frag[kk], q_s + swizzle<D>(warp * 16 + (lane % 16), 2 * kk + lane / 16));
-    float s_cur[NS][4], s_next[NS][4];
-    scores_16xBc<D, Bc>(s_cur, q_frag, k_s, lane);
-    __syncthreads();   // stage 0 of K is overwritten by K_2 below
-
-    float acc[ND][4];
-#pragma unroll
-    for (int t = 0; t < ND; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
-
-    for (int j = 0; j < n_tiles; ++j) {
-        if (j + 1 < n_tiles) load_tile<D, Bc, THREADS>(v_s + ((j + 1) & 1) * Bc * D, V + base, (j + 1) * Bc, S, tid);
-        if (j + 2 < n_tiles) load_tile<D, Bc, THREADS>(k_s + (j & 1) * Bc * D, K + base, (j + 2) * Bc, S, tid);
-        cp_async_commit();
-        cp_async_wait<1>();       // V_j and K_{j+1} have landed
-        __syncthreads();
-
-        if (j + 1 < n_tiles) scores_16xBc<D, Bc>(s_next, q_frag, k_s + ((j + 1) & 1) * Bc * D, lane);
-
-        if ((j + 1) * Bc > S) {   // the last tile: keys past the end get no weight
-#pragma unroll
-            for (int t = 0; t < NS; ++t)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (j * Bc + t * 8 + 2 * (lane % 4) + (e & 1) >= S) s_cur[t][e] = -INFINITY;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int t = 0; t < NS; ++t) mx = fmaxf(mx, fmaxf(s_cur[t][2 * r], s_cur[t][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            const float m_new = fmaxf(m_i[r], mx * scale_log2);
-            const float alpha = fast_exp2(m_i[r] - m_new);
-            m_i[r] = m_new;
-            float row_sum = 0.f;
-#pragma unroll
-            for (int t = 0; t < NS; ++t) {
-                s_cur[t][2 * r] = fast_exp2(fmaf(s_cur[t][2 * r], scale_log2, -m_new));
-                s_cur[t][2 * r + 1] = fast_exp2(fmaf(s_cur[t][2 * r + 1], scale_log2, -m_new));
-                row_sum += s_cur[t][2 * r] + s_cur[t][2 * r + 1];
-            }
-            l_i[r] = l_i[r] * alpha + row_sum;
-#pragma unroll
-            for (int t = 0; t < ND; ++t) {
-                acc[t][2 * r] *= alpha;
-                acc[t][2 * r + 1] *= alpha;
-            }
-        }
-        const half* vt = v_s + (j & 1) * Bc * D;
-#pragma unroll
-        for (int kk = 0; kk < Bc / 16; ++kk) {
-            const unsigned a[4] = {pack_half2(s_cur[2 * kk][0], s_cur[2 * kk][1]),
-                                   pack_half2(s_cur[2 * kk][2], s_cur[2 * kk][3]),
-                                   pack_half2(s_cur[2 * kk + 1][0], s_cur[2 * kk + 1][1]),
-                                   pack_half2(s_cur[2 * kk + 1][2], s_cur[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < ND / 2; ++dd) {
-                unsigned b[4];
-                ldmatrix_x4_trans(b, vt + swizzle<D>(kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2), 2 * dd + lane / 16));
-                mma_16816(acc[2 * dd], a, b[0], b[1]);
-                mma_16816(acc[2 * dd + 1], a, b[2], b[3]);
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < NS; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s_cur[t][e] = s_next[t][e];
-        __syncthreads();   // V_j's and K_{j+1}'s stages are overwritten by the next iteration's loads
-    }
-
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = l_i[r];
-        l += __shfl_xor_sync(0xffffffff, l, 1);
-        l += __shfl_xor_sync(0xffffffff, l, 2);
-        const int row = row0 + warp * 16 + lane / 4 + 8 * r;
-        if (row >= S) continue;
-        const float inv = 1.f / l;
-        half* o = O + base + (long)row * D + 2 * (lane % 4);
-#pragma unroll
-        for (int t = 0; t < ND; ++t)
-            *reinterpret_cast<half2*>(o + t * 8) = __floats2half2_rn(acc[t][2 * r] * inv, acc[t][2 * r + 1] * inv);
-    }
-}
-
-#ifndef ATTN4_WARPS
-#define ATTN4_WARPS 4
-#endif
-#ifndef ATTN4_BC
-#define ATTN4_BC 64
-#endif
-
-template <int D>
-void attention_forward4(const half* q, const half* k, const half* v, half* o, int BH, int S,
-                        cudaStream_t stream) {
-    constexpr int WARPS_ = ATTN4_WARPS, Bc = ATTN4_BC, Br = 16 * WARPS_;
-    constexpr int smem = (Br + 4 * Bc) * D * sizeof(half);
-    auto kernel = attention_kernel4<D, WARPS_, Bc>;
-    static bool configured = false;
-    if (!configured) {
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        configured = true;
-    }
-    const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
-    dim3 grid((S + Br - 1) / Br, BH);
-    kernel<<<grid, WARPS_ * 32, smem, stream>>>(q, k, v, o, S, scale_log2);
-}
 
 }  // namespace
 
@@ -554,12 +393,9 @@ torch::Tensor flash_attention_forward(torch::Tensor Q, torch::Tensor K, torch::T
 #if ATTENTION_VERSION == 2
     if (D == 64) attention_forward2<64>(q, k, v, o, BH, S, stream);
     else attention_forward2<128>(q, k, v, o, BH, S, stream);
-#elif ATTENTION_VERSION == 3
+#else
     if (D == 64) attention_forward3<64>(q, k, v, o, BH, S, stream);
     else attention_forward3<128>(q, k, v, o, BH, S, stream);
-#else
-    if (D == 64) attention_forward4<64>(q, k, v, o, BH, S, stream);
-    else attention_forward4<128>(q, k, v, o, BH, S, stream);
 #endif
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return O;
