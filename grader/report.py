@@ -12,7 +12,6 @@ from pathlib import Path
 import jinja2
 
 from . import config
-from .device import DeviceInfo
 from .results import SubmissionResult, read_results, write_json_atomic
 from .status import Status
 
