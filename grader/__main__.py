@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -19,6 +20,7 @@ from .cases import CaseFileError, largest, load_all_cases
 from .device import detect
 from .feedback import feedback_text
 from .pipeline import GpuUnhealthy, GradeContext, grade_all, now
+from .policy import PolicyError, load_policy
 from .progress import Progress
 from .report import RUN_FILE, build_rows, text_table, write_reports
 from .results import read_results, write_json_atomic
@@ -61,6 +63,11 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     except CaseFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        load_policy()
+    except PolicyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     device = detect(force_cpu=args.cpu)
     baselines = baselines if device.cuda else []   # PyTorch baselines are timed on a GPU only
     out.mkdir(parents=True, exist_ok=True)
@@ -86,11 +93,12 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
         progress.close()
         run.update(finished_at=now(), wall_s=round(time.monotonic() - t0, 1))
         write_json_atomic(out / RUN_FILE, run)
-    paths = write_reports(out)
+    paths = write_reports(out, archive=True)
     if not quiet:
-        print(text_table(build_rows(read_results(out))))
-        print(f"\nleaderboard: {paths['leaderboard']}\ngrades:      {paths['grades']}\n"
-              f"results:     {out}/<submission>.json")
+        print(text_table(build_rows(read_results(out), run=run)))
+        print(f"\nleaderboard: {paths['leaderboard']}\nfor students: {paths['students']}\n"
+              f"grades:      {paths['grades']}\nresults:     {out}/<submission>.json\n"
+              f"feedback:    {paths['feedback']}/<submission>.md\ngradescope:  {paths['gradescope']}/<submission>/results.json")
     return code
 
 
@@ -102,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         paths = write_reports(args.out)
-        print(text_table(build_rows(read_results(args.out))))
-        print(f"\nleaderboard: {paths['leaderboard']}")
+        run = json.loads((args.out / RUN_FILE).read_text())
+        print(text_table(build_rows(read_results(args.out), run=run)))
+        print(f"\nleaderboard: {paths['leaderboard']}\nfor students: {paths['students']}")
         return 0
     if args.command == "grade":
         try:

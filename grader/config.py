@@ -71,8 +71,3 @@ CPU_MAX_FLOPS = 2.0e9
 # Architecture to compile for when no GPU is present (the course's GPU: Hopper).
 DEFAULT_CUDA_ARCH = "90a"
 
-# Grades (placeholder policy until the grading-policy config lands): correctness points spread
-# over the cases run, performance points linear in log(time) between the PyTorch reference and
-# SDPA FLASH as measured in the same run.
-CORRECTNESS_POINTS = 70.0
-PERFORMANCE_POINTS = 30.0

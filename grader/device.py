@@ -26,6 +26,7 @@ class DeviceInfo:
     cuda_version: str | None   # the CUDA torch was built with
     nvcc: str | None           # path to nvcc, needed to build or compile-check CUDA submissions
     python: str
+    matmul_tflops: float = 0.0  # fp16 8192³ matmul through torch, measured at the start of the run
     grader_version: str = __version__
     date: str = ""
 
@@ -56,8 +57,25 @@ def _probe() -> dict:
         props = torch.cuda.get_device_properties(0)
         info.update(cuda=True, name=props.name, capability=(props.major, props.minor),
                     l2_bytes=props.L2_cache_size, memory_bytes=props.total_memory,
-                    sm_count=props.multi_processor_count)
+                    sm_count=props.multi_processor_count, matmul_tflops=_matmul_tflops(torch))
     return info
+
+
+def _matmul_tflops(torch, n: int = 8192, reps: int = 10) -> float:
+    """The GPU's practical fp16 matrix peak, for the page's '% of peak' column: the median of
+    `reps` 8192³ products on random data (zeros run faster), after warm-up."""
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.float16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return 2 * n ** 3 / (sorted(times)[len(times) // 2] * 1e-3) / 1e12
 
 
 def _driver() -> str:

@@ -36,3 +36,40 @@ def feedback_text(r: SubmissionResult) -> str:
 
 def _indent(text: str, n: int = 4) -> str:
     return "\n".join(" " * n + line for line in text.rstrip().splitlines())
+
+
+def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = None) -> str:
+    """The same content as feedback_text, as Markdown for posting back to the student. Code
+    blocks hold the student's own output verbatim; fences are lengthened past any backticks."""
+    lines = [f"# {r.label}: `{r.status.value}`", "", r.message, ""]
+    if rank:
+        lines += [f"**Rank:** {rank}", ""]
+    if score is not None:
+        lines += [f"**Score:** {score.total:g} / {score.max_total:g} (correctness "
+                  f"{score.correctness:g}, performance {score.performance:g}: "
+                  f"{score.performance_basis})", ""]
+    if r.build and r.build.log_tail and r.build.status is not Status.PASS:
+        lines += [f"## Build ({r.build.mode})", "", *_code(r.build.log_tail), ""]
+    if r.cases:
+        lines += ["## Cases", "", "| case | status |", "|---|---|"]
+        lines += [f"| `{c.case}`{' (hidden)' if c.hidden else ''} | {c.status.value} |" for c in r.cases]
+        lines.append("")
+        for c in r.cases:
+            if c.status not in (Status.PASS, Status.NOT_RUN) and c.message:
+                lines += [f"### `{c.case}`: {c.status.value}", "", *_code(c.message), ""]
+    if r.timing:
+        t = r.timing
+        lines += ["## Timing", "", f"On `{r.timed_case}`: median {t.median_ms:.3f} ms "
+                  f"({t.tflops:.1f} TFLOP/s); mean {t.mean_ms:.3f}, min {t.min_ms:.3f}, "
+                  f"std {t.std_ms:.3f}, n = {t.n}.", ""]
+    lines += [f"*{note}*" for note in r.notes]
+    if r.hint:
+        lines += ["", f"**Hint:** {r.hint}"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _code(text: str) -> list[str]:
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return [fence, text.rstrip(), fence]

@@ -68,6 +68,12 @@ if [ "${WITH_TRITON:-0}" = 1 ] && ! "$PY" -c "import triton" 2>/dev/null; then
     $PIP install -q $PIP_SRC "triton>=3.0" "numpy<2.4"
 fi
 
+# Optional: Playwright, to drive the system Chromium in the browser test of the page.
+if [ "${WITH_BROWSER:-0}" = 1 ] && ! "$PY" -c "import playwright" 2>/dev/null; then
+    echo "bootstrap: installing playwright (drives the system chromium)"
+    $PIP install -q $PIP_SRC playwright
+fi
+
 # Headers for compile checks when torch has no CUDA.
 if "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" && command -v nvcc >/dev/null; then
     CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
