@@ -25,6 +25,7 @@ class CaseResult:
     finding: Finding | None = None
     run_s: float | None = None              # the submission's first call on this case
     peak_memory_bytes: int | None = None    # of the check (reference + comparison)
+    launched: tuple[tuple[str, int], ...] = ()   # GPU kernels (or CPU operators) of one call: name, count
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -35,7 +36,13 @@ class CaseResult:
     @classmethod
     def from_dict(cls, d: dict) -> "CaseResult":
         return cls(**{**d, "status": Status(d["status"]),
-                      "finding": Finding.from_dict(d["finding"]) if d.get("finding") else None})
+                      "finding": Finding.from_dict(d["finding"]) if d.get("finding") else None,
+                      "launched": tuple(tuple(x) for x in d.get("launched", ()))})
+
+
+def launched_of(run: dict) -> tuple[tuple[str, int], ...]:
+    """The worker's (name, count) list of what one call launched, as a tuple of pairs."""
+    return tuple((name, count) for name, count in run.get("launched", ()))
 
 
 def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, device: str,
@@ -68,5 +75,6 @@ def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, de
         status = Status(meta.get("status", "pass" if test["outcome"] == "passed" else "runtime_error"))
         message = run["message"] if run["status"] != "pass" else (finding.summary() if finding else "")
         results.append(CaseResult(case.id, status, message, case.hidden, finding,
-                                  run.get("elapsed_s"), meta.get("peak_memory_bytes")))
+                                  run.get("elapsed_s"), meta.get("peak_memory_bytes"),
+                                  launched_of(run)))
     return results

@@ -22,6 +22,10 @@ def feedback_text(r: SubmissionResult) -> str:
             lines.append(f"  {'PASS' if c.status is Status.PASS else c.status.value:14} {c.case}{tag}")
             if c.status not in (Status.PASS, Status.NOT_RUN) and c.message:
                 lines.append(_indent(c.message, 6))
+    if r.launched:
+        case, launched = r.launched
+        lines.append(f"\nLaunched during one call on {case}:")
+        lines += [f"  {count:4d} x {name}" for name, count in launched[:12]]
     if r.timing:
         t = r.timing
         lines.append(f"\nTiming on {r.timed_case}: median {t.median_ms:.3f} ms "
@@ -57,6 +61,10 @@ def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = Non
         for c in r.cases:
             if c.status not in (Status.PASS, Status.NOT_RUN) and c.message:
                 lines += [f"### `{c.case}`: {c.status.value}", "", *_code(c.message), ""]
+    if r.launched:
+        case, launched = r.launched
+        lines += [f"## Launched during one call on `{case}`", ""]
+        lines += [f"- `{name}` × {count}" for name, count in launched] + [""]
     if r.timing:
         t = r.timing
         lines += ["## Timing", "", f"On `{r.timed_case}`: median {t.median_ms:.3f} ms "

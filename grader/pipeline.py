@@ -17,7 +17,7 @@ from . import config
 from .baselines import BASELINES
 from .build import BuildResult, build_submission
 from .cases import Case, largest
-from .correctness import CaseResult, check_outputs
+from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo
 from .hints import hint_for
 from .procs import ProcResult, child_env, run_limited
@@ -85,7 +85,8 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
                                     limits=ctx.limits, env=ctx.env)
         else:
             checked = [CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"],
-                                  c.hidden, run_s=runs[c.id].get("elapsed_s")) for c in runnable]
+                                  c.hidden, run_s=runs[c.id].get("elapsed_s"),
+                                  launched=launched_of(runs[c.id])) for c in runnable]
     if any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked):
         ensure_gpu_healthy(ctx)
 
@@ -238,7 +239,8 @@ def interpret_events(cases: list[Case], events: list[dict], proc: ProcResult,
                                         message=f"not run: the process ended during case {died}")
         elif e["event"] == "done":
             records[case.id] = dict(status="pass", message="", elapsed_s=e["elapsed_s"],
-                                    peak_memory_bytes=e.get("peak_memory_bytes"))
+                                    peak_memory_bytes=e.get("peak_memory_bytes"),
+                                    launched=e.get("launched", []))
         elif e["event"] == "error":
             records[case.id] = dict(status="runtime_error",
                                     message=f"{e['error']}: {e['message']}\n{e['traceback']}")

@@ -34,6 +34,12 @@ class SubmissionResult:
     graded_at: str = ""
 
     @property
+    def launched(self) -> tuple[str, tuple[tuple[str, int], ...]] | None:
+        """(case, [(kernel or operator, count)]) of the largest case whose call was profiled."""
+        profiled = [c for c in self.cases if c.launched]
+        return (profiled[-1].case, profiled[-1].launched) if profiled else None
+
+    @property
     def ranked(self) -> bool:
         return self.status is Status.PASS and self.timing is not None
 

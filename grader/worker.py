@@ -53,6 +53,26 @@ def _context_alive(device: str) -> bool:
         return False
 
 
+def profiled_call(fn, args, device: str):
+    """Call fn(*args) under torch.profiler; returns (output, launched) where launched lists
+    (name, count) of the GPU kernels the call launched (with a GPU) or of the aten operators it
+    ran (without one), most frequent first. The profiler sees every launch in the process,
+    whatever library or stream it came from."""
+    from collections import Counter
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        out = fn(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    names = Counter()
+    for event in prof.events():
+        on_gpu = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
+        if (device == "cuda" and on_gpu) or (device != "cuda" and not on_gpu and event.name.startswith("aten::")):
+            names[event.name] += 1
+    return out, [[name[:300], count] for name, count in names.most_common(50)]
+
+
 def run_cases(spec: dict) -> None:
     device = spec["device"]
     out_dir, events = Path(spec["out_dir"]), Path(spec["events"])
@@ -69,6 +89,8 @@ def run_cases(spec: dict) -> None:
             if device == "cuda":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
+            # A second call under the profiler: what it launches (its output is discarded).
+            _, launched = profiled_call(fn, (q.clone(), k.clone(), v.clone()), device)
             if not isinstance(out, torch.Tensor):
                 raise TypeError(f"returned {type(out).__name__}, expected a torch.Tensor "
                                 f"of shape {tuple(case.shape)}")
@@ -87,7 +109,7 @@ def run_cases(spec: dict) -> None:
             continue
         peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
         _append(events, {"case": case.id, "event": "done", "elapsed_s": elapsed,
-                         "peak_memory_bytes": peak})
+                         "peak_memory_bytes": peak, "launched": launched})
         del q, k, v, out
 
 

@@ -138,6 +138,10 @@ def test_findings_and_messages_are_student_facing(graded):
     assert "shape" in load("wrong_shape")["message"]
     assert "SyntaxError" in load("syntax_error")["build"]["log_tail"]
     assert "both submission.cu and submission.py" in load("both_files")["message"]
+    ops = dict(load("zeros")["cases"][0]["launched"])
+    assert "aten::zeros_like" in ops                   # what the call ran, as the profiler saw it
+    correct_ops = dict(load("correct")["cases"][0]["launched"])
+    assert "aten::_to_copy" in correct_ops and "aten::matmul" not in correct_ops   # numpy did the math
     noisy_log = (out / "logs" / "noisy.run.log").read_text()
     assert "bytes of output dropped" in noisy_log and len(noisy_log) < 64 * 1024
 
