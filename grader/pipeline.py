@@ -65,13 +65,13 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
     base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=sub.role.value, build=build,
                 source_text=_read_source(sub))
     if build.status is not Status.PASS:
-        return _finish(base, build.status, build.message, build=build, cases=[], started=started)
+        return _finish(base, build.status, build.message, cases=[], started=started)
 
     runnable, skipped, notes = _select_cases(sub, ctx)
     if not runnable:
         message = ("compiled; not run: no CUDA device" if sub.kind is Kind.CUDA
                    else "imported; no case small enough to run without a GPU")
-        return _finish(base, Status.NOT_RUN, message, build=build, cases=skipped, notes=notes,
+        return _finish(base, Status.NOT_RUN, message, cases=skipped, notes=notes,
                        started=started)
 
     with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp:
@@ -101,11 +101,11 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
             timing, timed_case = timing_or_error, timed.id
         else:
             status, message = timing_or_error
-            return _finish(base, status, message, build=build, cases=cases, notes=notes,
+            return _finish(base, status, message, cases=cases, notes=notes,
                            started=started)
     elif status is Status.PASS:
         notes.append("not timed: no CUDA device")
-    return _finish(base, status, _verdict(status, cases, timing), build=build, cases=cases,
+    return _finish(base, status, _verdict(status, cases, timing), cases=cases,
                    timing=timing, timed_case=timed_case, notes=notes, started=started)
 
 
@@ -116,12 +116,12 @@ def _read_source(sub: Submission) -> str | None:
         return None
 
 
-def _finish(base: dict, status: Status, message: str, *, build, cases, started: float,
+def _finish(base: dict, status: Status, message: str, *, cases, started: float,
             notes=(), timing=None, timed_case=None) -> SubmissionResult:
     base = dict(base)
     source = base.pop("source_text", None)
-    return SubmissionResult(**{**base, "build": build}, status=status, message=message,
-                            hint=hint_for(build, cases, source), cases=tuple(cases),
+    return SubmissionResult(**base, status=status, message=message,
+                            hint=hint_for(base["build"], cases, source), cases=tuple(cases),
                             timing=timing, timed_case=timed_case, notes=tuple(notes),
                             wall_s=round(time.monotonic() - started, 2), graded_at=now())
 
