@@ -65,7 +65,7 @@ def test_examples_on_the_gpu(tmp_path):
     for name in ("torch_reference", "sdpa_flash"):
         assert baselines[name]["status"] == "pass" and baselines[name]["timing"]["n"] >= 2
 
-    for name, r in results.items():
+    for r in results.values():
         if r["status"] == "pass":
             t = r["timing"]
             assert t["n"] >= 2 and t["min_ms"] <= t["median_ms"] and r["timed_case"] == "b4_h64_s8192_d128"

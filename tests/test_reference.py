@@ -33,7 +33,7 @@ def test_chunking_does_not_change_the_result():
 def test_inputs_are_deterministic_per_seed_and_fp16():
     case = Case(1, 2, 9, 64, seed=1118)
     a, b = make_inputs(case, "cpu"), make_inputs(case, "cpu")
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert a[0].dtype == torch.float16 and a[0].shape == (1, 2, 9, 64)
     assert not torch.equal(a[0], a[1])
     other = make_inputs(Case(1, 2, 9, 64, seed=1119), "cpu")
