@@ -44,7 +44,7 @@ def build_variant(name: str, flags: list[str], arch: str, build_root: Path) -> t
            "--cuda-flag=-Xptxas=-v", *[f"--cuda-flag={f}" for f in flags]]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     ptxas = "\n".join(l for l in (proc.stdout + proc.stderr).splitlines()
-                      if "attention_kernel3" in l or "registers" in l or "spill" in l)
+                      if "attention_kernel" in l or "registers" in l or "spill" in l or "wgmma" in l)
     if proc.returncode != 0:
         return name, None, (proc.stdout + proc.stderr)[-4000:]
     return name, build_root / module / f"{module}.so", ptxas
@@ -98,7 +98,7 @@ def main() -> int:
     for case in shapes:
         for label, fn in rows.items():
             try:
-                t = time_kernel(fn, case.shape, flops=case.flops, budget_s=args.budget,
+                t, _ = time_kernel(fn, case.shape, flops=case.flops, budget_s=args.budget,
                                 l2_bytes=device.l2_bytes)
             except RuntimeError as e:   # a baseline that does not run on this device
                 print(f"{label} on {case.id}: {str(e).splitlines()[0]}")
