@@ -24,6 +24,7 @@ from .policy import PolicyError, load_policy
 from .progress import Progress
 from .report import RUN_FILE, build_rows, text_table, write_reports
 from .results import read_results, write_json_atomic
+from .sandbox import Sandbox, SandboxUnavailable, default_layout
 from .status import Status
 from .submission import Role, discover, inspect_folder
 
@@ -38,6 +39,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu", action="store_true", help="act as if there were no CUDA device")
     p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
                    help="builds in parallel (default: the CPU cores, at most 8; nvcc is one process)")
+    p.add_argument("--calibration", action="store_true",
+                   help="timing calibration: library calls are allowed and nothing is ranked "
+                        "(e.g. a submission that wraps SDPA FLASH, to compare with its baseline row)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,7 +75,17 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     device = detect(force_cpu=args.cpu)
     baselines = baselines if device.cuda else []   # PyTorch baselines are timed on a GPU only
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        sandbox = Sandbox.probe(**default_layout())
+    except SandboxUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not sandbox.active:
+        print(f"\nWARNING: {sandbox.describe()}.\nSubmissions run as plain processes: they can read "
+              f"the solution, the hidden cases and each other's code, and use the network.\n",
+              file=sys.stderr)
     run = dict(started_at=now(), finished_at=None, device=device.to_dict(),
+               sandbox=sandbox.describe(), sandboxed=sandbox.active, calibration=args.calibration,
                cases=[dict(id=c.id, hidden=c.hidden, line=c.line(), flops=c.flops) for c in cases],
                timed_case=largest(cases).id, rtol=config.RTOL, atol=config.ATOL,
                limits=vars(config.Limits.from_env()), submissions=[s.id for s in subs])
@@ -81,7 +95,8 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
           file=sys.stderr)
     progress = Progress(len(subs) + len(baselines))
     ctx = GradeContext(cases=tuple(cases), device=device, limits=config.Limits.from_env(),
-                       out_dir=out, build_dir=args.build_dir, progress=progress)
+                       out_dir=out, build_dir=args.build_dir, progress=progress, sandbox=sandbox,
+                       calibration=args.calibration)
     t0 = time.monotonic()
     code = 0
     try:

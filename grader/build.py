@@ -19,6 +19,7 @@ from pathlib import Path
 from . import config
 from .device import DeviceInfo
 from .procs import ProcResult, child_env, run_limited
+from .sandbox import Sandbox
 from .status import Status
 from .submission import Kind, Submission
 
@@ -44,7 +45,8 @@ class BuildResult:
 
 
 def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
-                     limits: config.Limits, log_path: Path | None = None) -> BuildResult:
+                     limits: config.Limits, log_path: Path | None = None,
+                     sandbox: Sandbox | None = None) -> BuildResult:
     """Build or import-check one submission; never raises for the submission's faults."""
     if sub.kind is Kind.INVALID:
         return BuildResult(Status.BUILD_ERROR, "none", 0.0, message=sub.problem)
@@ -61,8 +63,12 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
         cmd = [sys.executable, "-m", "grader.build", mode, str(sub.source), "--name",
                sub.module_name, "--build-dir", str(build_dir), "--arch", device.arch,
                "--nvcc", device.nvcc]
-    proc = run_limited(cmd, timeout_s=timeout, env=child_env(cuda=device.cuda), cwd=config.REPO_ROOT,
-                       head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes)
+    if sandbox is not None:   # the build sees neither the solution nor anyone else's code
+        cmd = sandbox.wrap(cmd, writable=[sub.path, build_dir])
+    proc = run_limited(cmd, timeout_s=timeout, env=child_env(cuda=device.cuda), cwd=sub.path,
+                       head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
+                       memory_bytes=int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None,
+                       file_bytes=int(limits.file_gb * (1 << 30)))
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(proc.output)

@@ -44,6 +44,8 @@ class Limits:
     check_s: float = 300.0
     time_budget_s: float = 15.0   # spent inside the timing loop, after warm-up
     time_s: float = 180.0         # the timing process as a whole (import, warm-up, loop)
+    build_memory_gb: float = 16.0  # address space of a build (nvcc, cicc): a runaway compile stops here
+    file_gb: float = 4.0           # largest file a submission's process may write (a preprocessor bomb)
     output_head_bytes: int = 8_192
     output_tail_bytes: int = 24_576
 
@@ -63,6 +65,11 @@ TIMING_TARGET_RSE = 0.005
 TIMING_MIN_REPS = 5
 TIMING_MAX_REPS = 500
 TIMING_WARMUP_CALLS = 2
+# ... and this many timed calls, picked at random after they return, have their outputs checked.
+TIMING_SPOT_SAMPLES = 3
+# ... and the whole timed loop runs under torch.profiler (GPU activity only), for every row alike,
+# so what the timed calls launch is listed and checked like the checked calls' launches.
+TIMING_RECORD_LAUNCHES = True
 
 # Without a CUDA device, Python submissions run on the CPU on the cases at most this many FLOPs
 # (4·B·H·S²·D): the hidden awkward shapes, not the large public ones.

@@ -10,7 +10,7 @@ from pathlib import Path
 from . import config
 from .cases import Case
 from .compare import Finding
-from .procs import run_limited
+from .procs import ProcResult, run_limited
 from .status import Status
 
 CHECK_TESTS = Path(__file__).parent / "checks" / "test_outputs.py"
@@ -45,12 +45,11 @@ def launched_of(run: dict) -> tuple[tuple[str, int], ...]:
     return tuple((name, count) for name, count in run.get("launched", ()))
 
 
-def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, device: str,
-                  limits: config.Limits, env: dict) -> list[CaseResult]:
-    """One CaseResult per case, from the checker's pytest-json-report file."""
+def _run_checker(spec: dict, *, out_dir: Path, limits: config.Limits, env: dict) -> tuple[dict, ProcResult]:
+    """Run the pytest checks on `spec` in a child process; its pytest-json-report and the process."""
     spec_path, report_path = out_dir / "check_spec.json", out_dir / "check_report.json"
-    spec_path.write_text(json.dumps(dict(cases=[c.to_dict() for c in cases], runs=runs,
-                                         out_dir=str(out_dir), device=device)))
+    spec_path.write_text(json.dumps(spec))
+    report_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", str(CHECK_TESTS), "-q", "-p", "no:cacheprovider",
            "--rootdir", str(CHECK_TESTS.parent), "-o", "addopts=", "--json-report",
            f"--json-report-file={report_path}", "--json-report-omit", "collectors", "log",
@@ -58,6 +57,46 @@ def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, de
     proc = run_limited(cmd, timeout_s=limits.check_s, env={**env, "GRADER_CHECK_SPEC": str(spec_path)},
                        cwd=config.REPO_ROOT)
     report = json.loads(report_path.read_text()) if report_path.exists() else {"tests": []}
+    return report, proc
+
+
+@dataclasses.dataclass(frozen=True)
+class SpotResult:
+    call: int                      # index of the timed call
+    ok: bool
+    message: str = ""
+
+
+def check_spots(case: Case, spots: list[dict], *, out_dir: Path, device: str,
+                limits: config.Limits, env: dict) -> list[SpotResult]:
+    """The sampled timed calls' outputs against the reference, in the checker process."""
+    if not spots:
+        return []
+    report, proc = _run_checker(dict(cases=[], runs={}, out_dir=str(out_dir), device=device,
+                                     spot_case=case.to_dict(), spots=spots),
+                                out_dir=out_dir, limits=limits, env=env)
+    by_call = {t.get("metadata", {}).get("call"): t for t in report["tests"]}
+    results = []
+    for spot in spots:
+        test = by_call.get(spot["call"])
+        if test is None:
+            why = "timed out" if proc.timed_out else f"exited with {proc.returncode}"
+            results.append(SpotResult(spot["call"], False, f"grader error: the checker {why}:\n{proc.tail(20)}"))
+            continue
+        meta = test.get("metadata", {})
+        finding = Finding.from_dict(meta["finding"]) if meta.get("finding") else None
+        ok = meta.get("status") == "pass"
+        results.append(SpotResult(spot["call"], ok, "" if ok else (finding.summary() if finding else
+                                  test.get("call", {}).get("longrepr", "no output")[:2000])))
+    return results
+
+
+def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, device: str,
+                  limits: config.Limits, env: dict) -> list[CaseResult]:
+    """One CaseResult per case, from the checker's pytest-json-report file."""
+    report, proc = _run_checker(dict(cases=[c.to_dict() for c in cases], runs=runs,
+                                     out_dir=str(out_dir), device=device),
+                                out_dir=out_dir, limits=limits, env=env)
     by_case = {t.get("metadata", {}).get("case"): t for t in report["tests"]}
     results = []
     for case in cases:

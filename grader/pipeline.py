@@ -17,12 +17,14 @@ from . import config
 from .baselines import BASELINES
 from .build import BuildResult, build_submission
 from .cases import Case, largest
-from .correctness import CaseResult, check_outputs, launched_of
+from .correctness import CaseResult, check_outputs, check_spots, launched_of
 from .device import DeviceInfo
 from .hints import hint_for
+from .integrity import classify_launched, clocks_disagree, static_evidence
 from .procs import ProcResult, child_env, run_limited
 from .progress import Progress
 from .results import SubmissionResult, write_result
+from .sandbox import Sandbox
 from .status import Status, worst
 from .submission import Kind, Role, Submission
 from .timing import TimingStats
@@ -40,6 +42,8 @@ class GradeContext:
     out_dir: Path
     build_dir: Path
     progress: Progress
+    sandbox: Sandbox = Sandbox(None, "not set up")
+    calibration: bool = False    # library calls allowed (timing calibration); never ranked
 
     @property
     def device_name(self) -> str:
@@ -62,7 +66,8 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
 
     Its wall time is the build's plus its own stages', not the time it waited for the GPU."""
     started = time.monotonic() - build.elapsed_s
-    base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=sub.role.value, build=build,
+    role = "calibration" if ctx.calibration and sub.role is Role.STUDENT else sub.role.value
+    base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=role, build=build,
                 source_text=_read_source(sub))
     if build.status is not Status.PASS:
         return _finish(base, build.status, build.message, cases=[], started=started)
@@ -92,13 +97,29 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
 
     cases = _in_case_order(checked + skipped, ctx.cases)
     status = worst(c.status for c in checked)
+    if not ctx.sandbox.active:
+        notes.append(ctx.sandbox.describe())
+    flagged = launch_findings(cases, base["source_text"] or "", ctx)
+    if flagged and ctx.calibration:
+        notes.append(f"calibration run: library calls allowed ({flagged})")
+    elif flagged:
+        return _finish(base, Status.FLAGGED, flagged, cases=cases, notes=notes, started=started)
     timing, timed_case = None, None
     if status is Status.PASS and ctx.device.cuda:
         ctx.progress.stage(sub.id, "time")
         timed = largest(list(ctx.cases))
-        timing_or_error = time_target(_target(sub, build), timed, ctx)
-        if isinstance(timing_or_error, TimingStats):
-            timing, timed_case = timing_or_error, timed.id
+        timing_or_error = time_target(_target(sub, build), timed, ctx, writable=_writable(sub, ctx))
+        if isinstance(timing_or_error, TimedRun):
+            timing, timed_case = timing_or_error.stats, timed.id
+            in_loop = launch_findings([CaseResult(f"{timed.id} (timed calls)", Status.PASS,
+                                                  launched=timing.launched)],
+                                      base["source_text"] or "", ctx)
+            if in_loop and not ctx.calibration:
+                return _finish(base, Status.FLAGGED, in_loop, cases=cases, timing=timing,
+                               timed_case=timed_case, notes=notes, started=started)
+            if timing_or_error.finding:
+                return _finish(base, Status.FLAGGED, timing_or_error.finding, cases=cases,
+                               timing=timing, timed_case=timed_case, notes=notes, started=started)
         else:
             status, message = timing_or_error
             return _finish(base, status, message, cases=cases, notes=notes,
@@ -107,6 +128,29 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
         notes.append("not timed: no CUDA device")
     return _finish(base, status, _verdict(status, cases, timing), cases=cases,
                    timing=timing, timed_case=timed_case, notes=notes, started=started)
+
+
+def launch_findings(cases: list[CaseResult], source: str, ctx: GradeContext) -> str:
+    """The verdict's text when any case's call ran library kernels or operators, else ''."""
+    flags = {}
+    for case in cases:
+        for flag in classify_launched(case.launched, source, gpu=ctx.device.cuda):
+            flags.setdefault(flag.name, (case.case, flag))
+    if not flags:
+        return ""
+    what = "GPU kernels" if ctx.device.cuda else "PyTorch operators"
+    lines = [f"launched {what} that the submission did not write (the assignment is to write "
+             f"the kernel, not to call a library):"]
+    lines += [f"  {flag.describe()} in case {case}" for case, flag in list(flags.values())[:8]]
+    evidence = static_evidence(source)
+    if evidence:
+        lines.append("source lines that call a library: " + "; ".join(evidence))
+    return "\n".join(lines)
+
+
+def _writable(sub: Submission, ctx: GradeContext) -> list[Path]:
+    """What a submission's own processes may write inside the sandbox."""
+    return [sub.path, ctx.build_dir / sub.module_name]
 
 
 def _read_source(sub: Submission) -> str | None:
@@ -200,10 +244,12 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
                 events=str(events), cases=[c.to_dict() for c in cases])
     spec_path = work / "run_spec.json"
     spec_path.write_text(json.dumps(spec))
-    proc = run_limited([sys.executable, "-m", "grader.worker", "run", "--spec", str(spec_path)],
-                       timeout_s=ctx.limits.run_s, env=ctx.env, cwd=sub.path,
+    cmd = ctx.sandbox.wrap([sys.executable, "-m", "grader.worker", "run", "--spec", str(spec_path)],
+                           writable=[*_writable(sub, ctx), work])
+    proc = run_limited(cmd, timeout_s=ctx.limits.run_s, env=ctx.env, cwd=sub.path,
                        head_bytes=ctx.limits.output_head_bytes,
-                       tail_bytes=ctx.limits.output_tail_bytes)
+                       tail_bytes=ctx.limits.output_tail_bytes,
+                       file_bytes=int(ctx.limits.file_gb * (1 << 30)))
     return interpret_events(cases, _read_events(events), proc, ctx.limits.run_s), proc
 
 
@@ -262,26 +308,51 @@ def _death_record(proc: ProcResult, limit_s: float, *, loading: bool) -> dict:
                 f"{': ' + exception if exception else ''}\n{proc.tail(25)}")
 
 
-def time_target(target: dict, case: Case, ctx: GradeContext) -> TimingStats | tuple[Status, str]:
-    """Timing statistics of one case, from a fresh process; or (status, message) if it failed."""
+@dataclasses.dataclass(frozen=True)
+class TimedRun:
+    stats: TimingStats
+    finding: str = ""    # why the timing cannot be trusted: clocks disagree, a timed output is wrong
+
+
+def time_target(target: dict, case: Case, ctx: GradeContext, *,
+                writable: list[Path] = ()) -> TimedRun | tuple[Status, str]:
+    """Timing statistics of one case, from a fresh process, with its two integrity checks (the
+    two clocks, and the sampled timed calls' outputs); or (status, message) if it failed."""
     with tempfile.TemporaryDirectory(prefix="time-", dir=_scratch()) as tmp:
         out = Path(tmp) / "timing.json"
         spec = dict(target=target, device=ctx.device_name, case=case.to_dict(),
-                    budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes, out=str(out))
+                    budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes, out=str(out),
+                    record_launches=config.TIMING_RECORD_LAUNCHES)
         spec_path = Path(tmp) / "time_spec.json"
         spec_path.write_text(json.dumps(spec))
         cwd = target.get("source") and Path(target["source"]).parent or config.REPO_ROOT
-        proc = run_limited([sys.executable, "-m", "grader.worker", "time", "--spec", str(spec_path)],
-                           timeout_s=ctx.limits.time_s, env=ctx.env, cwd=cwd,
+        cmd = ctx.sandbox.wrap([sys.executable, "-m", "grader.worker", "time", "--spec", str(spec_path)],
+                               writable=[*writable, tmp])
+        proc = run_limited(cmd, timeout_s=ctx.limits.time_s, env=ctx.env, cwd=cwd,
                            head_bytes=ctx.limits.output_head_bytes,
-                           tail_bytes=ctx.limits.output_tail_bytes)
+                           tail_bytes=ctx.limits.output_tail_bytes,
+                       file_bytes=int(ctx.limits.file_gb * (1 << 30)))
         if proc.timed_out:
             ensure_gpu_healthy(ctx)
             return Status.TIMEOUT, f"timing {case.id} did not finish within {ctx.limits.time_s:.0f} s"
         if not proc.ok or not out.exists():
             ensure_gpu_healthy(ctx)
             return Status.RUNTIME_ERROR, f"timing {case.id} failed:\n{proc.tail(25)}"
-        return TimingStats.from_dict(json.loads(out.read_text()))
+        record = json.loads(out.read_text())
+        stats = TimingStats.from_dict(record["stats"])
+        finding = clocks_disagree(stats.median_ms, stats.wall_median_ms) or ""
+        if target["kind"] != "builtin":
+            spots = check_spots(case, record["spots"], out_dir=Path(tmp), device=ctx.device_name,
+                                limits=ctx.limits, env=ctx.env)
+            wrong = [s for s in spots if not s.ok]
+            if not spots:
+                finding = finding or "no timed call's output could be kept for the check"
+            elif wrong:
+                finding = (f"timed call {wrong[0].call + 1} of {stats.n} returned a wrong output "
+                           f"({len(wrong)} of the {len(spots)} calls checked at random): outputs "
+                           f"cached or replayed across calls, or work left running after the "
+                           f"call returned.\n{wrong[0].message}")
+        return TimedRun(stats, finding)
 
 
 def ensure_gpu_healthy(ctx: GradeContext, *, tries: int = 2) -> None:
@@ -310,13 +381,14 @@ def grade_baseline(name: str, ctx: GradeContext) -> SubmissionResult:
         return SubmissionResult(**base, status=Status.NOT_RUN, message="not run: no CUDA device",
                                 graded_at=now())
     case = largest(list(ctx.cases))
-    timing = time_target(dict(kind="builtin", name=name), case, ctx)
-    if isinstance(timing, TimingStats):
+    timed = time_target(dict(kind="builtin", name=name), case, ctx)
+    if isinstance(timed, TimedRun):
+        timing = timed.stats
         return SubmissionResult(**base, status=Status.PASS,
                                 message=f"median {timing.median_ms:.3f} ms ({timing.tflops:.1f} TFLOP/s)",
                                 timed_case=case.id, timing=timing, graded_at=now(),
                                 wall_s=round(time.monotonic() - started, 2))
-    status, message = timing
+    status, message = timed
     return SubmissionResult(**base, status=status, message=message, graded_at=now(),
                             wall_s=round(time.monotonic() - started, 2))
 
@@ -338,7 +410,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
     def build(sub: Submission) -> BuildResult:
         ctx.progress.stage(sub.id, "build")
         return build_submission(sub, build_dir=ctx.build_dir / sub.module_name, device=ctx.device,
-                                limits=ctx.limits,
+                                limits=ctx.limits, sandbox=ctx.sandbox,
                                 log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs)) as pool:

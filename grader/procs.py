@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import resource
 import signal
 import subprocess
 import threading
@@ -80,11 +81,22 @@ class _CappedReader(threading.Thread):
 
 def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
                 cwd: str | os.PathLike | None = None, head_bytes: int = 8192,
-                tail_bytes: int = 24576) -> ProcResult:
-    """Run `cmd` in a new session; stdout and stderr are merged and capped."""
+                tail_bytes: int = 24576, memory_bytes: int | None = None,
+                file_bytes: int | None = None) -> ProcResult:
+    """Run `cmd` in a new session; stdout and stderr are merged and capped. `memory_bytes` caps
+    the address space of it and its children (not for CUDA processes: the driver maps far more
+    virtual memory than it uses); `file_bytes` caps the size of any file they write."""
     start = time.monotonic()
+
+    def limit_memory() -> None:
+        if memory_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        if file_bytes:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
+                            stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True,
+                            preexec_fn=limit_memory if (memory_bytes or file_bytes) else None)
     reader = _CappedReader(proc.stdout, head_bytes, tail_bytes)
     reader.start()
     timed_out = False

@@ -133,12 +133,18 @@ def chart(rows: list[Row], *, width: int = 760, bar_height: int = 18) -> dict | 
 def scope_notes(run: dict) -> list[str]:
     """What was and was not run, in plain words, for the top of the page."""
     device = run["device"]
+    notes = []
+    if run.get("sandboxed") is False:
+        notes.append(f"WARNING: {run['sandbox']}. Submissions ran as plain processes: they could "
+                     f"read the solution, the hidden cases and each other's code, and use the network.")
+    if run.get("calibration"):
+        notes.append("Calibration run: library calls were allowed and nothing is ranked.")
     if device["cuda"]:
-        return [f"Graded on {device['name']}: every case run and checked; the largest public "
-                f"case ({run['timed_case']}) timed."]
-    return ["No CUDA device on the grading machine: CUDA submissions were compile-checked only "
-            "(not run); Python submissions ran on the CPU on the small cases only "
-            f"(at most {config.CPU_MAX_FLOPS:.0e} FLOPs); nothing was timed."]
+        return notes + [f"Graded on {device['name']}: every case run and checked; the largest "
+                        f"public case ({run['timed_case']}) timed."]
+    return notes + ["No CUDA device on the grading machine: CUDA submissions were compile-checked "
+                    "only (not run); Python submissions ran on the CPU on the small cases only "
+                    f"(at most {config.CPU_MAX_FLOPS:.0e} FLOPs); nothing was timed."]
 
 
 def run_id(run: dict) -> str:

@@ -29,7 +29,11 @@ def test_timing_loop_measures_a_known_kernel():
     from grader.timing import time_kernel
     case = Case(1, 16, 2048, 128, seed=1)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    stats = time_kernel(torch.nn.functional.scaled_dot_product_attention, case.shape,
-                        flops=case.flops, budget_s=3, l2_bytes=l2)
+    stats, samples = time_kernel(torch.nn.functional.scaled_dot_product_attention, case.shape,
+                                 flops=case.flops, budget_s=3, l2_bytes=l2)
     assert stats.n >= 5 and stats.min_ms <= stats.median_ms and stats.tflops > 10
     assert stats.stopped_by in ("rse", "budget", "max_reps")
+    # the second clock agrees with the events for an honest kernel on the current stream
+    assert stats.median_ms <= stats.wall_median_ms <= stats.median_ms * 1.05 + 0.5
+    assert 1 <= len(samples) <= 3 and len({s.call for s in samples}) == len(samples)
+    assert all(s.output.shape == case.shape for s in samples)

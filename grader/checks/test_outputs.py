@@ -18,12 +18,14 @@ import torch
 from grader import config
 from grader.cases import Case
 from grader.compare import compare_outputs
-from grader.inputs import make_inputs
+from grader.inputs import make_inputs, make_random_inputs
 from grader.reference import attention_reference
 
 SPEC = json.loads(Path(os.environ["GRADER_CHECK_SPEC"]).read_text())
 CASES = [Case.from_dict(c) for c in SPEC["cases"]]
 DEVICE = SPEC["device"]
+# Timed calls picked at random by the timing loop: {'call', 'seed', 'file'}, on SPEC['spot_case'].
+SPOTS = SPEC.get("spots", [])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -45,4 +47,21 @@ def test_case(case: Case, json_metadata: dict) -> None:
     json_metadata["status"] = "pass" if finding.ok else "mismatch"
     if DEVICE == "cuda":
         json_metadata["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    assert finding.ok, finding.summary()
+
+
+@pytest.mark.parametrize("spot", SPOTS, ids=[f"call{s['call']}" for s in SPOTS])
+def test_timed_call(spot: dict, json_metadata: dict) -> None:
+    """A timed call's output against the reference of its own fresh inputs (from its seed)."""
+    case = Case.from_dict(SPEC["spot_case"])
+    json_metadata["call"] = spot["call"]
+    got = torch.load(spot["file"], map_location=DEVICE)
+    if got is None:
+        json_metadata["status"] = "mismatch"
+        pytest.fail("the call returned no tensor", pytrace=False)
+    q, k, v = make_random_inputs(case.shape, seed=spot["seed"], device=DEVICE)
+    finding = compare_outputs(got, attention_reference(q, k, v), rtol=case.rtol or config.RTOL,
+                              atol=case.atol or config.ATOL)
+    json_metadata["finding"] = finding.to_dict()
+    json_metadata["status"] = "pass" if finding.ok else "mismatch"
     assert finding.ok, finding.summary()

@@ -1,0 +1,1 @@
+../../../examples/naive_cuda/submission.cu

@@ -1,0 +1,1 @@
+../../../examples/triton_flash/submission.py

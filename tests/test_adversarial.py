@@ -1,0 +1,112 @@
+"""Issue 5: adversarial submissions, one per cheat or fault, each with the verdict it must get.
+
+tests/adversarial/expected.json lists them with their threat (1-8) and verdicts. Without a GPU
+(CI) the Python ones run on the CPU and the CUDA ones whose fault shows at compile time are
+compiled; with one (make test-gpu) every one runs, beside an honest submission to compare with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from grader import config
+from grader.sandbox import Sandbox, default_layout
+
+from .adversarial.assemble import EXPECTED, INCLUDE, assemble, names
+from .conftest import EXAMPLES, cuda_available, has_nvcc
+
+# Short limits: the hanging and sleeping submissions cost their limit each.
+LIMITS = dict(GRADER_RUN_S="30", GRADER_BUILD_S="45", GRADER_IMPORT_S="60", GRADER_TIME_S="150",
+              GRADER_TIME_BUDGET_S="3")
+
+
+def test_every_threat_has_a_python_and_a_cuda_submission():
+    threats: dict[int, set[str]] = {}
+    for name in names():
+        threats.setdefault(EXPECTED[name]["threat"], set()).add(name.rsplit("_", 1)[-1])
+    assert set(threats) == set(range(1, 9))
+    both = {t for t, forms in threats.items() if forms == {"py", "cu"}}
+    assert both == {1, 2, 3, 5, 6, 7, 8}, threats   # tampering with the harness (4) is Python's
+
+
+def test_assembled_submissions_are_standalone(tmp_path):
+    folders = assemble(tmp_path)
+    assert sorted(f.name for f in folders) == sorted(names())
+    for folder in folders:
+        files = {p.name for p in folder.iterdir()}
+        if "submission.cu" in files:
+            assert INCLUDE not in (folder / "submission.cu").read_text()
+            assert files == {"submission.cu"}
+        else:
+            assert files == {"submission.py", "honest_flash.py"}
+
+
+def sandbox_or_skip() -> None:
+    if not Sandbox.probe(**default_layout(), mode="auto").active:
+        if os.environ.get("REQUIRE_SANDBOX") == "1":
+            pytest.fail("REQUIRE_SANDBOX=1 but bubblewrap cannot run here")
+        pytest.skip("bubblewrap is not available: the adversarial set needs the sandbox")
+
+
+def grade(folder, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "results"
+    env = {**os.environ, **LIMITS, "GRADER_SANDBOX": "require"}
+    proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(folder), "--out", str(out),
+                           "--build-dir", str(tmp_path / "build"), "--no-solution", *extra],
+                          capture_output=True, text=True, cwd=config.REPO_ROOT, timeout=3000, env=env)
+    results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if not p.name.startswith("_")}
+    return proc, results
+
+
+def check_verdicts(results: dict, expected: dict[str, list[str]]) -> None:
+    wrong = {name: (results.get(name, {}).get("status"), want, results.get(name, {}).get("message", "")[:300])
+             for name, want in expected.items() if results.get(name, {}).get("status") not in want}
+    assert not wrong, json.dumps(wrong, indent=1)
+
+
+def check_common(results: dict, out) -> None:
+    assert "LEAK" not in json.dumps(results["snoop_py"])
+    log = (out / "logs" / "spam_py.run.log").read_text()
+    assert len(log) < 64_000 and "bytes of output dropped" in log
+    for name in ("hang_py", "sleep_py"):
+        assert "still running after" in results[name]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_nvcc(), reason="compile checks need nvcc")
+def test_adversarial_without_a_gpu(tmp_path):
+    sandbox_or_skip()
+    runnable = [n for n in names() if n.endswith("_py") or EXPECTED[n]["cpu"] != ["not_run"]]
+    folder = tmp_path / "subs"
+    assemble(folder, runnable)
+    proc, results = grade(folder, tmp_path, "--cpu", "--no-baselines", "--jobs", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_verdicts(results, {n: EXPECTED[n]["cpu"] for n in runnable})
+    check_common(results, tmp_path / "results")
+    flagged = results["lib_sdpa_py"]["message"]
+    assert "aten::" in flagged and "scaled_dot_product" in flagged   # what ran, named
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+def test_adversarial_on_the_gpu(tmp_path):
+    sandbox_or_skip()
+    folder = tmp_path / "subs"
+    assemble(folder)
+    shutil.copytree(EXAMPLES / "triton_flash", folder / "honest_triton")   # what honest costs
+    proc, results = grade(folder, tmp_path, "--no-baselines")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_verdicts(results, {n: EXPECTED[n]["gpu"] for n in names()} | {"honest_triton": ["pass"]})
+    check_common(results, tmp_path / "results")
+    honest = results["honest_triton"]["timing"]["median_ms"]
+    tampered = results["tamper_timer_py"]["timing"]["median_ms"]
+    assert 0.8 * honest < tampered < 1.25 * honest   # timed honestly despite its patches
+    assert "two clocks disagree" in results["side_stream_cu"]["message"]
+    assert "returned a wrong output" in results["cache_by_ptr_py"]["message"]
+    assert "flash" in results["lib_timed_only_py"]["message"].lower()
