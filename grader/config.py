@@ -62,7 +62,7 @@ class Limits:
 
 # Timing: stop when the relative standard error of the mean is under 0.5% ...
 TIMING_TARGET_RSE = 0.005
-TIMING_MIN_REPS = 5
+TIMING_MIN_REPS = 100   # and at least this many (or the budget): medians of two runs agree to ~0.3%
 TIMING_MAX_REPS = 500
 TIMING_WARMUP_CALLS = 2
 # ... and this many timed calls, picked at random after they return, have their outputs checked.
