@@ -72,6 +72,7 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     except PolicyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    args.build_dir = args.build_dir.resolve()
     device = detect(force_cpu=args.cpu)
     baselines = baselines if device.cuda else []   # PyTorch baselines are timed on a GPU only
     out.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,7 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
     """Build or import-check one submission; never raises for the submission's faults."""
     if sub.kind is Kind.INVALID:
         return BuildResult(Status.BUILD_ERROR, "none", 0.0, message=sub.problem)
+    build_dir = build_dir.resolve()   # the build runs in the submission's folder
     build_dir.mkdir(parents=True, exist_ok=True)
     if sub.kind is Kind.PYTHON:
         mode, timeout = "import", limits.import_s

@@ -99,7 +99,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
     status = worst(c.status for c in checked)
     if not ctx.sandbox.active:
         notes.append(ctx.sandbox.describe())
-    flagged = launch_findings(cases, base["source_text"] or "", ctx)
+    flagged = launch_findings(cases, _folder_source(sub), ctx)
     if flagged and ctx.calibration:
         notes.append(f"calibration run: library calls allowed ({flagged})")
     elif flagged:
@@ -113,7 +113,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
             timing, timed_case = timing_or_error.stats, timed.id
             in_loop = launch_findings([CaseResult(f"{timed.id} (timed calls)", Status.PASS,
                                                   launched=timing.launched)],
-                                      base["source_text"] or "", ctx)
+                                      _folder_source(sub), ctx)
             if in_loop and not ctx.calibration:
                 return _finish(base, Status.FLAGGED, in_loop, cases=cases, timing=timing,
                                timed_case=timed_case, notes=notes, started=started)
@@ -158,6 +158,19 @@ def _read_source(sub: Submission) -> str | None:
         return sub.source.read_text(errors="replace") if sub.kind is not Kind.INVALID else None
     except OSError:
         return None
+
+
+def _folder_source(sub: Submission, limit: int = 2_000_000) -> str:
+    """Every source file of the submission's folder (a Python submission may import its own
+    modules): where its kernels' names are looked up."""
+    texts = []
+    for path in sorted(sub.path.rglob("*")):
+        if path.suffix in (".py", ".cu", ".cuh", ".h", ".hpp", ".cpp") and path.is_file():
+            try:
+                texts.append(path.read_text(errors="replace")[:limit])
+            except OSError:
+                continue
+    return "\n".join(texts)
 
 
 def _finish(base: dict, status: Status, message: str, *, cases, started: float,
