@@ -37,6 +37,7 @@ aten::_local_scalar_dense aten::resize_ aten::new_empty aten::new_zeros aten::ne
 aten::unbind aten::split aten::chunk aten::narrow aten::flatten aten::unflatten aten::numpy_T
 aten::is_nonzero aten::result_type aten::set_ aten::view_as aten::expand_as aten::cat
 aten::stack aten::pad aten::constant_pad_nd aten::index_select aten::empty_permuted
+aten::resolve_conj aten::resolve_neg
 """.split())
 
 # What a static scan looks for: calls into the libraries the assignment replaces.

@@ -33,11 +33,15 @@ class ProcResult:
 
     @property
     def signal_name(self) -> str | None:
-        if self.returncode is not None and self.returncode < 0:
+        """The signal that ended the process: a negative return code, or 128 + N when it went
+        through a sandbox or shell, which report their child's death that way."""
+        rc = self.returncode
+        number = -rc if rc is not None and rc < 0 else (rc - 128 if rc is not None and 128 < rc < 160 else None)
+        if number is not None:
             try:
-                return signal.Signals(-self.returncode).name
+                return signal.Signals(number).name
             except ValueError:
-                return f"signal {-self.returncode}"
+                return f"signal {number}"
         return None
 
     def tail(self, lines: int = 40) -> str:
@@ -88,7 +92,7 @@ def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
     virtual memory than it uses); `file_bytes` caps the size of any file they write."""
     start = time.monotonic()
 
-    def limit_memory() -> None:
+    def set_limits() -> None:
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         if file_bytes:
@@ -96,7 +100,7 @@ def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True,
-                            preexec_fn=limit_memory if (memory_bytes or file_bytes) else None)
+                            preexec_fn=set_limits if (memory_bytes or file_bytes) else None)
     reader = _CappedReader(proc.stdout, head_bytes, tail_bytes)
     reader.start()
     timed_out = False

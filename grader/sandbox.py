@@ -18,7 +18,9 @@ import dataclasses
 import glob
 import os
 import shutil
+import site
 import subprocess
+import sys
 from pathlib import Path
 
 from . import config
@@ -58,10 +60,9 @@ class Sandbox:
                 args += ["--symlink", os.readlink(path), path]
             elif os.path.exists(path):
                 args += ["--ro-bind", path, path]
-        for path in writable:
-            path = str(Path(path).resolve())
+        for path in writable:   # a symlinked folder appears where the grader names it
             os.makedirs(path, exist_ok=True)
-            args += ["--bind", path, path]
+            args += ["--bind", str(Path(path).resolve()), str(Path(path).absolute())]
         return args + ["--", *cmd]
 
     @classmethod
@@ -78,8 +79,7 @@ class Sandbox:
         if bwrap is None:
             reason = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
         else:
-            trial = cls(bwrap, readable=("/usr", "/bin", "/lib", "/lib64", "/etc")).wrap(
-                ["true"], writable=[])
+            trial = cls(bwrap, readable=SYSTEM).wrap(["true"], writable=[])
             try:
                 proc = subprocess.run(trial, capture_output=True, text=True, timeout=30)
                 if proc.returncode != 0:
@@ -106,8 +106,6 @@ def default_layout() -> dict:
     """What a submission's processes see, for `Sandbox.probe(**default_layout())`: the system,
     the interpreter and its import path (a pyenv in $HOME, a .pth to another site-packages), the
     grader's code and the virtual environment. Never the repository root or anything in it."""
-    import site
-    import sys
     python = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
               *site.getsitepackages(), *sys.path]
     repo = str(config.REPO_ROOT)
@@ -119,5 +117,7 @@ def default_layout() -> dict:
         if not any(path == r or path.startswith(r + os.sep) for r in SYSTEM):
             readable.append(path)
     readable += [str(config.REPO_ROOT / "grader"), str(config.REPO_ROOT / ".venv")]
+    if os.environ.get("GRADER_CUDA_INCLUDE"):   # headers a compile check needs (build.py)
+        readable.append(os.environ["GRADER_CUDA_INCLUDE"])
     scratch = ["/tmp", "/dev/shm", str(Path.home())]
     return dict(readable=readable, scratch=scratch)

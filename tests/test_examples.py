@@ -22,9 +22,8 @@ def test_every_example_has_an_expected_verdict():
 
 
 def test_the_skeleton_example_is_the_shipped_skeleton():
-    # a copy, not a link: the sandbox shows a submission its own folder only
-    assert (EXAMPLES / "skeleton" / "submission.cu").read_text() == \
-        (config.REPO_ROOT / "student" / "submission.cu").read_text()
+    assert (EXAMPLES / "skeleton" / "submission.cu").resolve() == \
+        (config.REPO_ROOT / "student" / "submission.cu").resolve()
 
 
 def grade_examples(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:

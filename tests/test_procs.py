@@ -32,3 +32,9 @@ def test_huge_output_is_capped_head_and_tail_kept():
 def test_signal_is_named():
     r = run_limited([sys.executable, "-c", "import os; os.abort()"], timeout_s=60)
     assert r.signal_name == "SIGABRT" and not r.ok
+
+
+def test_signal_is_named_through_a_sandbox_or_shell():
+    r = run_limited(["sh", "-c", f"{sys.executable} -c 'import os; os.abort()'; exit $?"], timeout_s=60)
+    assert r.returncode == 134 and r.signal_name == "SIGABRT"
+    assert run_limited(["sh", "-c", "exit 3"], timeout_s=60).signal_name is None
