@@ -60,6 +60,12 @@ def _run_checker(spec: dict, *, out_dir: Path, limits: config.Limits, env: dict)
     return report, proc
 
 
+def _checker_broke(proc: ProcResult, where: str) -> str:
+    """The checker itself failed: the grader's problem, said loudly."""
+    why = "timed out" if proc.timed_out else f"exited with {proc.returncode}"
+    return f"grader error: the checker {why}{where}:\n{proc.tail(20)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class SpotResult:
     call: int                      # index of the timed call
@@ -80,8 +86,7 @@ def check_spots(case: Case, spots: list[dict], *, out_dir: Path, device: str,
     for spot in spots:
         test = by_call.get(spot["call"])
         if test is None:
-            why = "timed out" if proc.timed_out else f"exited with {proc.returncode}"
-            results.append(SpotResult(spot["call"], False, f"grader error: the checker {why}:\n{proc.tail(20)}"))
+            results.append(SpotResult(spot["call"], False, _checker_broke(proc, "")))
             continue
         meta = test.get("metadata", {})
         finding = Finding.from_dict(meta["finding"]) if meta.get("finding") else None
@@ -103,11 +108,9 @@ def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, de
         run = runs[case.id]
         test = by_case.get(case.id)
         if test is None:   # the checker itself broke: the grader's problem, said loudly
-            why = "timed out" if proc.timed_out else f"exited with {proc.returncode}"
             results.append(CaseResult(case.id, Status.RUNTIME_ERROR, hidden=case.hidden,
                                       run_s=run.get("elapsed_s"),
-                                      message=f"grader error: the checker {why} before this case:\n"
-                                              f"{proc.tail(20)}"))
+                                      message=_checker_broke(proc, " before this case")))
             continue
         meta = test.get("metadata", {})
         finding = Finding.from_dict(meta["finding"]) if meta.get("finding") else None

@@ -20,7 +20,7 @@ from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, check_spots, launched_of
 from .device import DeviceInfo
 from .hints import hint_for
-from .integrity import classify_launched, clocks_disagree, static_evidence
+from .integrity import classify_launched, clocks_disagree, own_kernel_names, static_evidence
 from .procs import ProcResult, child_env, run_limited
 from .progress import Progress
 from .results import SubmissionResult, write_result
@@ -99,7 +99,8 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
     status = worst(c.status for c in checked)
     if not ctx.sandbox.active:
         notes.append(ctx.sandbox.describe())
-    flagged = launch_findings(cases, _folder_source(sub), ctx)
+    source = _folder_source(sub)   # where the names of the submission's own kernels are defined
+    flagged = launch_findings([(c.case, c.launched) for c in cases], source, ctx)
     if flagged and ctx.calibration:
         notes.append(f"calibration run: library calls allowed ({flagged})")
     elif flagged:
@@ -111,9 +112,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
         timing_or_error = time_target(_target(sub, build), timed, ctx, writable=_writable(sub, ctx))
         if isinstance(timing_or_error, TimedRun):
             timing, timed_case = timing_or_error.stats, timed.id
-            in_loop = launch_findings([CaseResult(f"{timed.id} (timed calls)", Status.PASS,
-                                                  launched=timing.launched)],
-                                      _folder_source(sub), ctx)
+            in_loop = launch_findings([(f"{timed.id} (timed calls)", timing.launched)], source, ctx)
             if in_loop and not ctx.calibration:
                 return _finish(base, Status.FLAGGED, in_loop, cases=cases, timing=timing,
                                timed_case=timed_case, notes=notes, started=started)
@@ -130,12 +129,14 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
                    timing=timing, timed_case=timed_case, notes=notes, started=started)
 
 
-def launch_findings(cases: list[CaseResult], source: str, ctx: GradeContext) -> str:
-    """The verdict's text when any case's call ran library kernels or operators, else ''."""
+def launch_findings(launches: list[tuple[str, tuple]], source: str, ctx: GradeContext) -> str:
+    """The verdict's text when any call, (where, [(name, count)]), ran library kernels or
+    operators, else ''."""
+    own = own_kernel_names(source)
     flags = {}
-    for case in cases:
-        for flag in classify_launched(case.launched, source, gpu=ctx.device.cuda):
-            flags.setdefault(flag.name, (case.case, flag))
+    for where, launched in launches:
+        for flag in classify_launched(launched, own, gpu=ctx.device.cuda):
+            flags.setdefault(flag.name, (where, flag))
     if not flags:
         return ""
     what = "GPU kernels" if ctx.device.cuda else "PyTorch operators"

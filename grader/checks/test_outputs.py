@@ -17,7 +17,7 @@ import torch
 
 from grader import config
 from grader.cases import Case
-from grader.compare import compare_outputs
+from grader.compare import Finding, compare_outputs
 from grader.inputs import make_inputs, make_random_inputs
 from grader.reference import attention_reference
 
@@ -26,6 +26,15 @@ CASES = [Case.from_dict(c) for c in SPEC["cases"]]
 DEVICE = SPEC["device"]
 # Timed calls picked at random by the timing loop: {'call', 'seed', 'file'}, on SPEC['spot_case'].
 SPOTS = SPEC.get("spots", [])
+
+
+def compare(got, inputs, case: Case, json_metadata: dict) -> Finding:
+    """`got` against the reference of `inputs`; the finding and the status go into the report."""
+    finding = compare_outputs(got, attention_reference(*inputs), rtol=case.rtol or config.RTOL,
+                              atol=case.atol or config.ATOL)
+    json_metadata["finding"] = finding.to_dict()
+    json_metadata["status"] = "pass" if finding.ok else "mismatch"
+    return finding
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -40,11 +49,7 @@ def test_case(case: Case, json_metadata: dict) -> None:
     got = torch.load(Path(SPEC["out_dir"]) / f"{case.id}.pt", map_location=DEVICE)
     if DEVICE == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    expected = attention_reference(q, k, v)
-    finding = compare_outputs(got, expected, rtol=case.rtol or config.RTOL,
-                              atol=case.atol or config.ATOL)
-    json_metadata["finding"] = finding.to_dict()
-    json_metadata["status"] = "pass" if finding.ok else "mismatch"
+    finding = compare(got, (q, k, v), case, json_metadata)
     if DEVICE == "cuda":
         json_metadata["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     assert finding.ok, finding.summary()
@@ -59,9 +64,6 @@ def test_timed_call(spot: dict, json_metadata: dict) -> None:
     if got is None:
         json_metadata["status"] = "mismatch"
         pytest.fail("the call returned no tensor", pytrace=False)
-    q, k, v = make_random_inputs(case.shape, seed=spot["seed"], device=DEVICE)
-    finding = compare_outputs(got, attention_reference(q, k, v), rtol=case.rtol or config.RTOL,
-                              atol=case.atol or config.ATOL)
-    json_metadata["finding"] = finding.to_dict()
-    json_metadata["status"] = "pass" if finding.ok else "mismatch"
+    finding = compare(got, make_random_inputs(case.shape, seed=spot["seed"], device=DEVICE), case,
+                      json_metadata)
     assert finding.ok, finding.summary()
