@@ -70,13 +70,19 @@ class TimingStats:
         return cls(**{**d, "launched": tuple(tuple(x) for x in d.get("launched", ()))})
 
 
+def relative_standard_error(times_ms: list[float]) -> float:
+    """std / sqrt(n) / mean; inf with fewer than two times."""
+    n, mean = len(times_ms), statistics.fmean(times_ms)
+    return statistics.stdev(times_ms) / n ** 0.5 / mean if n > 1 and mean > 0 else float("inf")
+
+
 def summarize(times_ms: list[float], *, flops: int, **extra) -> TimingStats:
     n = len(times_ms)
     mean = statistics.fmean(times_ms)
     std = statistics.stdev(times_ms) if n > 1 else 0.0
     median = statistics.median(times_ms)
     return TimingStats(n=n, median_ms=median, mean_ms=mean, min_ms=min(times_ms), std_ms=std,
-                       rse=(std / n ** 0.5 / mean) if mean > 0 and n > 1 else float("inf"),
+                       rse=relative_standard_error(times_ms),
                        tflops=flops / (median * 1e-3) / 1e12 if median > 0 else 0.0, **extra)
 
 
@@ -101,18 +107,24 @@ def time_kernel(fn: Callable, shape: tuple[int, int, int, int], *, flops: int, b
     and `spot_samples` timed calls chosen at random for the output check. `record_launches`:
     the whole loop runs under torch.profiler (GPU activity), so a submission that behaves only
     when profiled behaves in every timed call; what ran is in `.launched` of the stats."""
-    if record_launches:
-        from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:   # the loop's own kernels
-            _make_inputs(shape, seed=1, device=device)
-            torch.empty(1 << 20, dtype=torch.uint8, device=device).zero_()
-            _synchronize()
-        grader_kernels = {name for name, _ in launched_names(prof, device)}
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            stats, samples = time_kernel(fn, shape, flops=flops, budget_s=budget_s,
-                                         l2_bytes=l2_bytes, device=device, spot_samples=spot_samples)
-        launched = tuple((n, c) for n, c in launched_names(prof, device) if n not in grader_kernels)
-        return dataclasses.replace(stats, launched=launched), samples
+    loop = dict(flops=flops, budget_s=budget_s, l2_bytes=l2_bytes, device=device,
+                spot_samples=spot_samples)
+    if not record_launches:
+        return _time_loop(fn, shape, **loop)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:   # the loop's own kernels
+        _make_inputs(shape, seed=1, device=device)
+        torch.empty(1 << 20, dtype=torch.uint8, device=device).zero_()
+        _synchronize()
+    grader_kernels = {name for name, _ in launched_names(prof, device)}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        stats, samples = _time_loop(fn, shape, **loop)
+    launched = tuple((n, c) for n, c in launched_names(prof, device) if n not in grader_kernels)
+    return dataclasses.replace(stats, launched=launched), samples
+
+
+def _time_loop(fn: Callable, shape, *, flops: int, budget_s: float, l2_bytes: int, device: str,
+               spot_samples: int) -> tuple[TimingStats, list[SpotSample]]:
     # A buffer larger than L2, rewritten before every call, so no call finds its inputs cached.
     flush = torch.empty(max(2 * l2_bytes, 64 << 20), dtype=torch.uint8, device=device)
     pick = random.Random(_urandom(16))   # which calls are checked: unknown to the submission
@@ -145,8 +157,7 @@ def time_kernel(fn: Callable, shape: tuple[int, int, int, int], *, flops: int, b
         times.append(_elapsed_time(start, end))
         _keep_sample(samples, pick, len(times) - 1, seed, out, spot_samples)
         del q, k, v, out
-        if len(times) >= config.TIMING_MIN_REPS and summarize(times, flops=flops, warmup_calls=0,
-                budget_s=0, stopped_by="", wall_s=0).rse < config.TIMING_TARGET_RSE:
+        if len(times) >= config.TIMING_MIN_REPS and relative_standard_error(times) < config.TIMING_TARGET_RSE:
             stopped_by = "rse"
             break
         if _perf_counter() > deadline and len(times) >= 2:
