@@ -30,9 +30,10 @@ from grader.cases import load_all_cases, load_cases  # noqa: E402
 from grader.compare import compare_outputs  # noqa: E402
 from grader.device import detect  # noqa: E402
 from grader.inputs import make_inputs  # noqa: E402
-from grader.loader import load_extension  # noqa: E402
 from grader.reference import attention_reference  # noqa: E402
-from grader.timing import time_kernel  # noqa: E402
+from grader.subject.loop import load_builtin, load_extension  # noqa: E402
+
+from inprocess import time_in_process  # noqa: E402
 
 ROOT = config.REPO_ROOT
 
@@ -74,7 +75,7 @@ def main() -> int:
     for name, path, log in built:
         print(f"== {name} {' '.join(variants[name])}\n{log}")
         if path is not None:
-            kernels[name] = load_extension(path, f"solution_{name}")
+            kernels[name] = load_extension(str(path), f"solution_{name}")
 
     # correctness of every variant on every case
     cases = load_all_cases(config.PUBLIC_CASES, config.HIDDEN_CASES)
@@ -92,14 +93,14 @@ def main() -> int:
 
     rows = {name: fn for name, fn in kernels.items() if name not in broken}
     if not args.no_baselines:
-        rows.update({b.label: b.fn for b in BASELINES.values()})
+        rows.update({b.label: load_builtin(b.name) for b in BASELINES.values()})
     shapes = load_cases(config.PUBLIC_CASES)
     figures = []
     for case in shapes:
         for label, fn in rows.items():
             try:
-                t, _ = time_kernel(fn, case.shape, flops=case.flops, budget_s=args.budget,
-                                l2_bytes=device.l2_bytes)
+                t = time_in_process(fn, case.shape, flops=case.flops, budget_s=args.budget,
+                                    l2_bytes=device.l2_bytes)
             except RuntimeError as e:   # a baseline that does not run on this device
                 print(f"{label} on {case.id}: {str(e).splitlines()[0]}")
                 torch.cuda.empty_cache()

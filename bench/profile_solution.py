@@ -17,7 +17,7 @@ from grader import config  # noqa: E402
 from grader.build import build_extension  # noqa: E402
 from grader.device import detect  # noqa: E402
 from grader.inputs import make_random_inputs  # noqa: E402
-from grader.loader import load_extension  # noqa: E402
+from grader.subject.loop import load_extension  # noqa: E402
 
 
 def main() -> None:
@@ -25,7 +25,7 @@ def main() -> None:
     name = "solution_profile"
     path = build_extension(config.SOLUTION_DIR / "submission.cu", name,
                            config.DEFAULT_BUILD / "bench" / name, detect().arch)
-    fn = load_extension(path, name)
+    fn = load_extension(str(path), name)
     q, k, v = make_random_inputs(shape, seed=1, device="cuda")
     for _ in range(2):
         fn(q, k, v)

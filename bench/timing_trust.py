@@ -1,9 +1,12 @@
-"""The two timing-trust figures of issue 5, graded by the grader itself in one run:
+"""The timing-trust figures, graded by the grader itself in one run:
 
 1. the same kernel graded twice (two student folders with the solution's source): their medians
    must agree within 1%;
 2. a submission that wraps SDPA's FLASH backend, graded in calibration mode (library calls
-   allowed, nothing ranked): its median must be within 2% of the SDPA FLASH baseline row.
+   allowed, nothing ranked): its median must be within 2% of the SDPA FLASH baseline row;
+3. the protocol's overhead (issue 10): each kernel's median through the harness (another
+   process, the harness's clock) against the same kernel timed in this process with CUDA
+   events (bench/inprocess.py), on the largest case; must be under 1%.
 
     python bench/timing_trust.py        # on the GPU machine; writes bench/timing_trust.json
 """
@@ -54,12 +57,48 @@ def main() -> int:
                    medians_ms=med, same_kernel_difference=same, calibration_difference=calib,
                    same_kernel_ok=same < 0.01, calibration_ok=calib < 0.02,
                    stats={k: r["timing"] for k, r in results.items() if r.get("timing")})
+    overhead = protocol_overhead(out, run, med)
+    figures["protocol_overhead"] = overhead
     (ROOT / "bench" / "timing_trust.json").write_text(json.dumps(figures, indent=1) + "\n")
     for k, v in med.items():
         print(f"  {k:28s} {v:9.3f} ms")
     print(f"same kernel twice:  {100 * same:.2f}% apart (must be < 1%)")
     print(f"SDPA FLASH wrapper: {100 * calib:.2f}% from the baseline row (must be < 2%)")
-    return 0 if proc.returncode == 0 and same < 0.01 and calib < 0.02 else 1
+    for name, o in overhead.items():
+        print(f"protocol overhead, {name:16s}: harness {o['harness_ms']:.3f} ms, in-process "
+              f"{o['in_process_ms']:.3f} ms: {100 * o['overhead']:+.2f}% (must be < 1%)")
+    worst = max(abs(o["overhead"]) for o in overhead.values()) if overhead else 1.0
+    return 0 if proc.returncode == 0 and same < 0.01 and calib < 0.02 and worst < 0.01 else 1
+
+
+def protocol_overhead(out: Path, run: dict, med: dict) -> dict:
+    """Harness median over in-process median, same kernel, same GPU, same run."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    from grader.cases import Case
+    from grader.subject.loop import load_builtin, load_extension
+    from inprocess import time_in_process
+    line = next(c["line"] for c in run["cases"] if c["id"] == run["timed_case"])
+    fields = dict(part.split(": ") for part in line.split("; "))
+    case = Case(**{k: int(v) for k, v in fields.items()})
+    kernels = {"sdpa_flash": ("sdpa_flash (baseline row)", load_builtin("sdpa_flash")),
+               "sdpa_cudnn": (None, load_builtin("sdpa_cudnn"))}
+    cudnn = out / "baselines" / "sdpa_cudnn.json"
+    if cudnn.exists():
+        kernels["sdpa_cudnn"] = ("sdpa_cudnn (baseline row)", kernels["sdpa_cudnn"][1])
+        med["sdpa_cudnn (baseline row)"] = json.loads(cudnn.read_text())["timing"]["median_ms"]
+    built = sorted((WORK / "build" / "students").glob("*same_kernel_a*/*.so"))
+    if built:
+        kernels["solution"] = ("same_kernel_a", load_extension(str(built[0]), built[0].stem))
+    figures = {}
+    for name, (row, fn) in kernels.items():
+        if row is None or row not in med:
+            continue
+        t = time_in_process(fn, case.shape, flops=case.flops, budget_s=10,
+                            l2_bytes=run["device"]["l2_bytes"])
+        figures[name] = dict(harness_ms=med[row], in_process_ms=t.median_ms,
+                             overhead=med[row] / t.median_ms - 1)
+    return figures
 
 
 if __name__ == "__main__":

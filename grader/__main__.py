@@ -24,6 +24,7 @@ from .policy import PolicyError, load_policy
 from .progress import Progress
 from .report import RUN_FILE, build_rows, text_table, write_reports
 from .results import read_results, write_json_atomic
+from .roster import RosterError, load_roster
 from .sandbox import Sandbox, SandboxUnavailable, default_layout
 from .status import Status
 from .submission import Role, discover, inspect_folder
@@ -44,6 +45,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "(e.g. a submission that wraps SDPA FLASH, to compare with its baseline row)")
 
 
+def _roster(p: argparse.ArgumentParser) -> None:
+    # Issue 12: join the results to the course roster (grader/roster.py).
+    p.add_argument("--roster", type=Path, help="course roster CSV: a 'folder' column and any of "
+                   "sid, email, name, canvas_id (grades.csv gets them; canvas.csv and "
+                   "gradescope_scores.csv are written)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m grader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,11 +61,13 @@ def parser() -> argparse.ArgumentParser:
     _common(g)
     g.add_argument("--no-baselines", action="store_true", help="skip the PyTorch baseline rows")
     g.add_argument("--no-solution", action="store_true", help="skip the reference solution row")
+    _roster(g)
     c = sub.add_parser("check", help="grade one submission folder and explain the result")
     c.add_argument("path", type=Path)
     _common(c)
     lb = sub.add_parser("leaderboard", help="re-render the page and exports from result files")
     lb.add_argument("--out", type=Path, default=config.DEFAULT_RESULTS)
+    _roster(lb)
     return p
 
 
@@ -68,7 +78,7 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        load_policy()
+        policy = load_policy()
     except PolicyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -89,6 +99,7 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
                sandbox=sandbox.describe(), sandboxed=sandbox.active, calibration=args.calibration,
                cases=[dict(id=c.id, hidden=c.hidden, line=c.line(), flops=c.flops) for c in cases],
                timed_case=largest(cases).id, rtol=config.RTOL, atol=config.ATOL,
+               precision=dict(factor=policy.precision_factor, floor=policy.precision_floor),
                limits=vars(config.Limits.from_env()), submissions=[s.id for s in subs])
     write_json_atomic(out / RUN_FILE, run)
     where = device.name if device.cuda else "no CUDA device (compile checks and CPU runs only)"
@@ -97,7 +108,8 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     progress = Progress(len(subs) + len(baselines))
     ctx = GradeContext(cases=tuple(cases), device=device, limits=config.Limits.from_env(),
                        out_dir=out, build_dir=args.build_dir, progress=progress, sandbox=sandbox,
-                       calibration=args.calibration)
+                       calibration=args.calibration,
+                       precision=(policy.precision_factor, policy.precision_floor))
     t0 = time.monotonic()
     code = 0
     try:
@@ -109,7 +121,7 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
         progress.close()
         run.update(finished_at=now(), wall_s=round(time.monotonic() - t0, 1))
         write_json_atomic(out / RUN_FILE, run)
-    paths = write_reports(out, archive=True)
+    paths = write_reports(out, archive=True, roster=getattr(args, "roster", None))
     if not quiet:
         print(text_table(build_rows(read_results(out), run=run)))
         print(f"\nleaderboard: {paths['leaderboard']}\nfor students: {paths['students']}\n"
@@ -120,12 +132,18 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "roster", None):   # a bad roster stops before grading, not after
+        try:
+            load_roster(args.roster)
+        except RosterError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.command == "leaderboard":
         if not (args.out / RUN_FILE).exists():
             print(f"error: {args.out} has no {RUN_FILE}; run 'python -m grader grade' first.",
                   file=sys.stderr)
             return 2
-        paths = write_reports(args.out)
+        paths = write_reports(args.out, roster=args.roster)
         run = json.loads((args.out / RUN_FILE).read_text())
         print(text_table(build_rows(read_results(args.out), run=run)))
         print(f"\nleaderboard: {paths['leaderboard']}\nfor students: {paths['students']}")

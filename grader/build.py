@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -19,7 +20,7 @@ from pathlib import Path
 from . import config
 from .device import DeviceInfo
 from .procs import ProcResult, child_env, run_limited
-from .sandbox import Sandbox
+from .sandbox import Sandbox, give_to_sandbox
 from .status import Status
 from .submission import Kind, Submission
 
@@ -52,9 +53,12 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
         return BuildResult(Status.BUILD_ERROR, "none", 0.0, message=sub.problem)
     build_dir = build_dir.resolve()   # the build runs in the submission's folder
     build_dir.mkdir(parents=True, exist_ok=True)
-    if sub.kind is Kind.PYTHON:
+    give_to_sandbox(build_dir)        # the sandboxed build writes here, as nobody
+    if sub.kind is Kind.PYTHON:   # importing runs its code: that happens in a subject only
         mode, timeout = "import", limits.import_s
-        cmd = [sys.executable, "-m", "grader.build", "import", str(sub.source)]
+        subject = Path(__file__).resolve().parent / "subject" / "loop.py"
+        cmd = [sys.executable, str(subject), "--check-load",
+               json.dumps(dict(kind="python", source=str(sub.source)))]
     else:
         if device.nvcc is None:
             return BuildResult(Status.BUILD_ERROR, "none", 0.0,
@@ -65,7 +69,7 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
                sub.module_name, "--build-dir", str(build_dir), "--arch", device.arch,
                "--nvcc", device.nvcc]
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
-        cmd = sandbox.wrap(cmd, writable=[sub.path, build_dir])
+        cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path])
     proc = run_limited(cmd, timeout_s=timeout, env=child_env(cuda=device.cuda), cwd=sub.path,
                        head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
                        memory_bytes=int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None,
@@ -173,19 +177,9 @@ def _compile_only(source: Path, name: str, build_dir: Path, arch: str, nvcc: str
     sys.exit(subprocess.run(cmd).returncode)
 
 
-def _import_check(source: Path) -> None:
-    from .loader import LoadError, load_python_submission
-    try:
-        load_python_submission(source)
-    except LoadError as e:   # the grader's own finding: no traceback through grader code
-        print(f"LoadError: {e}")
-        sys.exit(1)
-    print(f"imported {source}: {config.PY_ENTRY_POINT} found")
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m grader.build")
-    p.add_argument("mode", choices=["extension", "compile_only", "import"])
+    p.add_argument("mode", choices=["extension", "compile_only"])
     p.add_argument("source", type=Path)
     p.add_argument("--name")
     p.add_argument("--build-dir", type=Path)
@@ -194,9 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cuda-flag", action="append", default=[],
                    help="extra nvcc flag for 'extension' builds (benchmarks: -DNAME=VALUE, -Xptxas=-v)")
     a = p.parse_args(argv)
-    if a.mode == "import":
-        _import_check(a.source)
-    elif a.mode == "extension":
+    if a.mode == "extension":
         build_extension(a.source, a.name, a.build_dir, a.arch, a.cuda_flag)
     else:
         _compile_only(a.source, a.name, a.build_dir, a.arch, a.nvcc)

@@ -33,13 +33,45 @@ class Finding:
     first_bad: tuple[BadElement, ...] = ()
     all_zero: bool = False   # the output is exactly zero everywhere: nothing was written
     problem: str = ""        # shape or dtype problems that make a comparison meaningless
+    # The precision budget (flash-attention's rule): max abs error against the fp32 reference at
+    # most `precision_factor` x the plain fp16 implementation's + `precision_floor`.
+    plain_error: float | None = None       # the plain fp16 implementation's max abs error
+    precision_factor: float | None = None
+    precision_floor: float | None = None
+
+    @property
+    def precision_ratio(self) -> float | None:
+        """The kernel's max abs error over the plain fp16 implementation's (None: not measured)."""
+        if self.plain_error is None:
+            return None
+        return self.max_abs_error / self.plain_error if self.plain_error > 0 else float("inf")
+
+    @property
+    def over_budget(self) -> bool:
+        if self.plain_error is None or self.precision_factor is None:
+            return False
+        return self.max_abs_error > self.precision_factor * self.plain_error + (self.precision_floor or 0.0)
+
+    def budget_text(self) -> str:
+        if self.plain_error is None:
+            return ""
+        return (f"precision budget: max abs error {self.max_abs_error:.3g} against the fp32 "
+                f"reference; a plain fp16 implementation's is {self.plain_error:.3g} on the same "
+                f"inputs (ratio {self.precision_ratio:.2f}); allowed: {self.precision_factor:g} x "
+                f"that + {self.precision_floor:g}")
 
     def summary(self) -> str:
         if self.problem:
             return self.problem
         if self.ok:
-            return (f"ok: max abs error {self.max_abs_error:.3g}, max rel error "
+            text = (f"ok: max abs error {self.max_abs_error:.3g}, max rel error "
                     f"{self.max_rel_error:.3g} (tolerance atol={self.atol:g}, rtol={self.rtol:g})")
+            return text + (f"; error {self.precision_ratio:.2f} x a plain fp16 implementation's"
+                           if self.plain_error is not None else "")
+        if self.mismatches == 0 and self.over_budget:
+            return ("outside the precision budget (every element is within the tolerance, but the "
+                    "error is far above what fp16 inputs with fp32 accumulation give: low-precision "
+                    "arithmetic, e.g. fp8, is not allowed)\n" + self.budget_text())
         lines = [f"{self.mismatches} of {self.numel} elements outside atol={self.atol:g} + "
                  f"rtol={self.rtol:g}·|expected|; max abs error {self.max_abs_error:.3g}, "
                  f"max rel error {self.max_rel_error:.3g}"]
@@ -47,6 +79,8 @@ class Finding:
             lines.append(f"NaN: {self.nan_count}, inf: {self.inf_count}")
         if self.all_zero:
             lines.append("the output is all zeros: nothing was written to O")
+        if self.over_budget:
+            lines.append(self.budget_text())
         lines += [f"  {bad}" for bad in self.first_bad]
         return "\n".join(lines)
 
@@ -58,7 +92,8 @@ class Finding:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Finding":
-        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
         d["first_bad"] = tuple(BadElement(tuple(b["index"]), b["got"], b["expected"])
                                for b in d.get("first_bad", ()))
         return cls(**d)
@@ -66,8 +101,13 @@ class Finding:
 
 def compare_outputs(got: torch.Tensor, expected: torch.Tensor, *, rtol: float = config.RTOL,
                     atol: float = config.ATOL, max_report: int = 5,
-                    expected_dtype: torch.dtype | None = torch.float16) -> Finding:
-    """Element-wise |got - expected| <= atol + rtol·|expected|; NaN and inf always count as bad."""
+                    expected_dtype: torch.dtype | None = torch.float16,
+                    plain: torch.Tensor | None = None,
+                    precision_factor: float = config.PRECISION_FACTOR,
+                    precision_floor: float = config.PRECISION_FLOOR) -> Finding:
+    """Element-wise |got - expected| <= atol + rtol·|expected|; NaN and inf always count as bad.
+    With `plain` (the plain fp16 implementation's output on the same inputs), the precision
+    budget applies too: max |got - expected| <= precision_factor·max |plain - expected| + floor."""
     base = dict(numel=expected.numel(), rtol=rtol, atol=atol)
     if not isinstance(got, torch.Tensor):
         return _unusable(f"returned {type(got).__name__}, expected a torch.Tensor", **base)
@@ -95,9 +135,16 @@ def compare_outputs(got: torch.Tensor, expected: torch.Tensor, *, rtol: float = 
         first_bad = tuple(BadElement(tuple(i), float(got32[tuple(i)]), float(expected[tuple(i)]))
                           for i in idx)
     all_zero = bool(got32.numel() and not got32.any())
-    return Finding(ok=mismatches == 0, mismatches=mismatches, nan_count=nan_count,
-                   inf_count=inf_count, max_abs_error=max_abs, max_rel_error=max_rel,
-                   first_bad=first_bad, all_zero=all_zero, **base)
+    budget = {}
+    if plain is not None:
+        plain_error = float((plain.to(device=expected.device, dtype=torch.float32) - expected)
+                            .abs().nan_to_num(posinf=float("inf")).max()) if expected.numel() else 0.0
+        budget = dict(plain_error=plain_error, precision_factor=precision_factor,
+                      precision_floor=precision_floor)
+    finding = Finding(ok=mismatches == 0, mismatches=mismatches, nan_count=nan_count,
+                      inf_count=inf_count, max_abs_error=max_abs, max_rel_error=max_rel,
+                      first_bad=first_bad, all_zero=all_zero, **budget, **base)
+    return dataclasses.replace(finding, ok=False) if finding.over_budget else finding
 
 
 def _unusable(problem: str, **base) -> Finding:

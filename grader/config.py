@@ -13,6 +13,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RTOL = 1e-2
 ATOL = 1e-2
 
+# The precision budget (flash-attention's rule for its kernels): besides the tolerance, a case's
+# max abs error against the fp32 reference must be at most PRECISION_FACTOR x the error of a plain
+# fp16 PyTorch implementation on the same inputs, plus PRECISION_FLOOR. grading.toml
+# ([correctness] precision_factor, precision_floor) overrides both. Measured ratios are in
+# notes/gpu_runs.md; fp8 arithmetic lands far above.
+PRECISION_FACTOR = 2.0
+PRECISION_FLOOR = 1e-3
+
 # Where submissions come from and where results go, unless told otherwise.
 DEFAULT_SUBMISSIONS = REPO_ROOT / "examples"
 DEFAULT_RESULTS = REPO_ROOT / "results"
@@ -65,11 +73,13 @@ TIMING_TARGET_RSE = 0.005
 TIMING_MIN_REPS = 100   # and at least this many (or the budget): medians of two runs agree to ~0.3%
 TIMING_MAX_REPS = 500
 TIMING_WARMUP_CALLS = 2
-# ... and this many timed calls, picked at random after they return, have their outputs checked.
+# ... every timed call's output is compared with SDPA in the harness; this many, picked at random
+# after they return, with the fp32 reference and the precision budget.
 TIMING_SPOT_SAMPLES = 3
-# ... and the whole timed loop runs under torch.profiler (GPU activity only), for every row alike,
-# so what the timed calls launch is listed and checked like the checked calls' launches.
-TIMING_RECORD_LAUNCHES = True
+# ... and every this many calls the harness lists the processes holding a CUDA context (NVML).
+TIMING_PROCESS_CHECK_EVERY = 10
+# The subject runs the whole timed loop under torch.profiler (GPU activity only), for every row
+# alike: what the timed calls launch is listed, and their GPU time accounted for.
 
 # Without a CUDA device, Python submissions run on the CPU on the cases at most this many FLOPs
 # (4·B·H·S²·D): the hidden awkward shapes, not the large public ones.

@@ -35,14 +35,16 @@ class CaseResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CaseResult":
+        known = {f.name for f in dataclasses.fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}
         return cls(**{**d, "status": Status(d["status"]),
                       "finding": Finding.from_dict(d["finding"]) if d.get("finding") else None,
                       "launched": tuple(tuple(x) for x in d.get("launched", ()))})
 
 
 def launched_of(run: dict) -> tuple[tuple[str, int], ...]:
-    """The worker's (name, count) list of what one call launched, as a tuple of pairs."""
-    return tuple((name, count) for name, count in run.get("launched", ()))
+    """The (name, count) list of what one call launched, as the subject reported it."""
+    return tuple((item[0], item[1]) for item in run.get("launched", ()))
 
 
 def _run_checker(spec: dict, *, out_dir: Path, limits: config.Limits, env: dict) -> tuple[dict, ProcResult]:
@@ -66,41 +68,15 @@ def _checker_broke(proc: ProcResult, where: str) -> str:
     return f"grader error: the checker {why}{where}:\n{proc.tail(20)}"
 
 
-@dataclasses.dataclass(frozen=True)
-class SpotResult:
-    call: int                      # index of the timed call
-    ok: bool
-    message: str = ""
-
-
-def check_spots(case: Case, spots: list[dict], *, out_dir: Path, device: str,
-                limits: config.Limits, env: dict) -> list[SpotResult]:
-    """The sampled timed calls' outputs against the reference, in the checker process."""
-    if not spots:
-        return []
-    report, proc = _run_checker(dict(cases=[], runs={}, out_dir=str(out_dir), device=device,
-                                     spot_case=case.to_dict(), spots=spots),
-                                out_dir=out_dir, limits=limits, env=env)
-    by_call = {t.get("metadata", {}).get("call"): t for t in report["tests"]}
-    results = []
-    for spot in spots:
-        test = by_call.get(spot["call"])
-        if test is None:
-            results.append(SpotResult(spot["call"], False, _checker_broke(proc, "")))
-            continue
-        meta = test.get("metadata", {})
-        finding = Finding.from_dict(meta["finding"]) if meta.get("finding") else None
-        ok = meta.get("status") == "pass"
-        results.append(SpotResult(spot["call"], ok, "" if ok else (finding.summary() if finding else
-                                  test.get("call", {}).get("longrepr", "no output")[:2000])))
-    return results
-
-
 def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, device: str,
-                  limits: config.Limits, env: dict) -> list[CaseResult]:
+                  limits: config.Limits, env: dict,
+                  precision: tuple[float, float] = (config.PRECISION_FACTOR, config.PRECISION_FLOOR)
+                  ) -> list[CaseResult]:
     """One CaseResult per case, from the checker's pytest-json-report file."""
     report, proc = _run_checker(dict(cases=[c.to_dict() for c in cases], runs=runs,
-                                     out_dir=str(out_dir), device=device),
+                                     out_dir=str(out_dir), device=device,
+                                     precision=dict(precision_factor=precision[0],
+                                                    precision_floor=precision[1])),
                                 out_dir=out_dir, limits=limits, env=env)
     by_case = {t.get("metadata", {}).get("case"): t for t in report["tests"]}
     results = []

@@ -42,10 +42,14 @@ def _indent(text: str, n: int = 4) -> str:
     return "\n".join(" " * n + line for line in text.rstrip().splitlines())
 
 
-def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = None) -> str:
-    """The same content as feedback_text, as Markdown for posting back to the student. Code
-    blocks hold the student's own output verbatim; fences are lengthened past any backticks."""
+def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = None,
+                      pseudonym: str | None = None) -> str:
+    """The same content as feedback_text, as Markdown for posting back to the student (pass the
+    result through privacy.Redactor.student_result first). Code blocks hold the student's own
+    output verbatim; fences are lengthened past any backticks."""
     lines = [f"# {r.label}: `{r.status.value}`", "", r.message, ""]
+    if pseudonym:
+        lines += [f"**Your name on the students' leaderboard:** `{pseudonym}`", ""]
     if rank:
         lines += [f"**Rank:** {rank}", ""]
     if score is not None:
@@ -56,7 +60,7 @@ def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = Non
         lines += [f"## Build ({r.build.mode})", "", *_code(r.build.log_tail), ""]
     if r.cases:
         lines += ["## Cases", "", "| case | status |", "|---|---|"]
-        lines += [f"| `{c.case}`{' (hidden)' if c.hidden else ''} | {c.status.value} |" for c in r.cases]
+        lines += [f"| `{c.case}`{_hidden_tag(c)} | {c.status.value} |" for c in r.cases]
         lines.append("")
         for c in r.cases:
             if c.status not in (Status.PASS, Status.NOT_RUN) and c.message:
@@ -74,6 +78,10 @@ def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = Non
     if r.hint:
         lines += ["", f"**Hint:** {r.hint}"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _hidden_tag(c) -> str:
+    return " (hidden)" if c.hidden and not c.case.startswith("hidden case") else ""
 
 
 def _code(text: str) -> list[str]:

@@ -101,37 +101,155 @@ def classify_launched(launched, own: set[str], *, gpu: bool) -> list[LaunchFlag]
 
 
 def static_evidence(source: str, limit: int = 5) -> list[str]:
-    """'line N: text' for source lines that call the libraries the assignment replaces."""
-    hits = []
-    for number, line in enumerate(source.splitlines(), 1):
-        stripped = line.strip()
-        if stripped.startswith(("//", "#", "*")) and "include" not in stripped:
+    """'file line N: text' for code lines that call the libraries the assignment replaces."""
+    hits = [f"{where}: {line.strip()[:120]}" for where, line in code_lines(source)
+            if STATIC_EVIDENCE.search(line)]
+    return hits[:limit]
+
+
+# ---------------------------------------------------------------- tampering, in the source
+
+# APIs no FlashAttention kernel needs, each a way to tamper with grading from inside the subject:
+# controlling the profiler, reading or patching other frames and objects, running the work in
+# another process or through the compiler stack, poking at raw memory or the grader's pipes.
+# A hit is a verdict (`flagged`), with the line; the mechanisms below stand without it.
+TAMPERING = re.compile(
+    r"(torch\.profiler|autograd\.profiler|_kineto|\bkineto|cupti|_disable_profiler|"
+    r"_enable_profiler|_profiler_enabled|sys\._getframe|inspect\.(currentframe|stack|getouterframes|"
+    r"getframeinfo)|\bf_back\b|\bf_locals\b|gc\.get_(objects|referrers|referents)|"
+    r"torch\.compile\b|_inductor|_dynamo|\bmultiprocessing\b|\bsubprocess\b|os\.fork|"
+    r"\bfork\s*\(|posix_spawn|cudaIpc|cuMemExport|cuMemImport|cuIpc|\bctypes\b|\bdlopen\b|"
+    r"\bdlsym\b|/proc/self|os\.(write|dup2?)\s*\(|\bptrace\b|PR_SET|cudaProfiler(Start|Stop)|"
+    r"autograd::profiler|torch::profiler)")
+
+
+def code_lines(source: str):
+    """(where, line) of each line of code: 'file line N' (files as read_sources marks them), with
+    comments, docstrings and block comments left out."""
+    from .submission import FILE_MARK
+    name, number, in_block = "", 0, None
+    for line in source.splitlines():
+        if line.startswith(FILE_MARK):
+            name, number, in_block = line[1:] + " ", 0, None
             continue
-        if STATIC_EVIDENCE.search(line):
-            hits.append(f"line {number}: {stripped[:120]}")
-        if len(hits) >= limit:
-            break
-    return hits
+        number += 1
+        stripped = line.strip()
+        if in_block:
+            if in_block in stripped:
+                in_block = None
+            continue
+        for opener, closer in (('"""', '"""'), ("\'\'\'", "\'\'\'"), ("/*", "*/")):
+            if stripped.startswith(opener):
+                if stripped.count(opener) == 1 if opener == closer else closer not in stripped[2:]:
+                    in_block = closer
+                break
+        else:
+            if not stripped.startswith(("//", "#", "*")):
+                yield f"{name}line {number}", line
 
 
-# ---------------------------------------------------------------- the two clocks
-
-# Each timed call is measured twice: CUDA events on the current stream, and the host's wall
-# clock from a device-wide synchronize before the call to a device-wide synchronize after it.
-# Work on another stream, or still running when the call returns, shows up only in the second.
-# The gap allowed covers the call's own host overhead (Python, launch, synchronize).
-CLOCK_GAP_MS = 0.5
-CLOCK_GAP_FRACTION = 0.05
+def tampering_lines(source: str, limit: int = 5) -> list[str]:
+    """'file line N: text' of code lines that use an API on the tampering list."""
+    hits = [f"{where}: {line.strip()[:120]}" for where, line in code_lines(source)
+            if TAMPERING.search(line)]
+    return hits[:limit]
 
 
-def clocks_disagree(event_median_ms: float, wall_median_ms: float) -> str | None:
-    """A one-line finding when the wall clock saw much more time than the events; else None."""
-    allowed = CLOCK_GAP_MS + CLOCK_GAP_FRACTION * event_median_ms
-    gap = wall_median_ms - event_median_ms
-    if gap <= allowed:
-        return None
-    return (f"the two clocks disagree: CUDA events measured a median of {event_median_ms:.3f} ms "
-            f"per call, the wall clock (device synchronized before and after) {wall_median_ms:.3f} ms; "
-            f"{gap:.3f} ms of work ran outside the timed stream (allowed: {allowed:.3f} ms). "
-            f"Launch all work on the current stream (at::cuda::getCurrentCUDAStream()) and "
-            f"finish it before returning.")
+# ---------------------------------------------------------------- what the timed calls showed
+
+# GPU time accounting: over the timed calls, the time the harness measured (less the protocol's
+# calibrated cost) must be explained by the GPU time of kernels the submission wrote (and copies
+# and fills), up to ACCOUNT_FLOOR_MS + ACCOUNT_FRACTION of the call (launch gaps, host work).
+# Kernels the profiler did not see (it was paused, they ran in another process or a library hid
+# them) leave time unexplained. (The output's copy into the shared buffer is in both the
+# calibrated cost and the kernels seen, which makes the check that much more lenient.)
+ACCOUNT_FLOOR_MS = 0.3
+ACCOUNT_FRACTION = 0.05
+# The reply may not come before the call's GPU work is done (the subject synchronizes first): the
+# harness's GPU clock may trail its host clock by at most this (its own event's latency).
+FENCE_GAP_MS = 0.2
+FENCE_GAP_FRACTION = 0.05
+# Physical bound: no attention kernel outruns the GPU's dense fp16 matmul rate measured in the
+# same run by more than this factor.
+PEAK_MARGIN = 1.25
+
+
+@dataclasses.dataclass(frozen=True)
+class TimingFinding:
+    status: str        # 'flagged' or 'mismatch'
+    message: str
+
+
+def explained_ms(launched, own: set[str], *, library_allowed: bool = False) -> float:
+    """GPU milliseconds of the kernels that count as the submission's work (own kernels, copies
+    and fills), over all the calls the list covers."""
+    total_us = 0.0
+    for item in launched:
+        name, us = item[0], (item[2] if len(item) > 2 else 0.0)
+        if library_allowed or DATA_MOVEMENT.search(name) or not classify_launched([(name, 1)], own, gpu=True):
+            total_us += us
+    return total_us / 1e3
+
+
+def timing_findings(record: dict, stats, own: set[str], *, flops: int, peak_tflops: float,
+                    library_allowed: bool = False) -> list[TimingFinding]:
+    """What the harness saw during the timed calls, judged: every finding that stops the
+    submission from ranking, worst first."""
+    findings = []
+    verify = record.get("verify", {})
+    if verify.get("wrong"):
+        findings.append(TimingFinding("flagged", (
+            f"timed call {verify['first_wrong_call'] + 1} returned a wrong output ({verify['wrong']} "
+            f"of {verify['checked']} timed calls, each compared with SDPA when its reply came): "
+            f"outputs cached or replayed across calls, computed later (lazily), or still being "
+            f"written when the call returned.\n{verify.get('first_wrong', '')}")))
+    for spot in record.get("spots", []):
+        from .compare import Finding
+        finding = Finding.from_dict(spot["finding"])
+        if finding.ok:
+            continue
+        if finding.mismatches == 0 and finding.over_budget:
+            findings.append(TimingFinding("mismatch", f"timed call {spot['call'] + 1}: "
+                                          + finding.summary()))
+        else:
+            findings.append(TimingFinding("flagged", f"timed call {spot['call'] + 1}, checked "
+                                          f"with the fp32 reference, is wrong:\n{finding.summary()}"))
+        break
+    helpers = [h for h in record.get("helpers", []) if h.get("pids")]
+    if helpers:
+        findings.append(TimingFinding("flagged", (
+            f"{len(helpers[0]['pids'])} processes of the submission held a CUDA context during the "
+            f"timed calls (host pids {helpers[0]['pids']}): the work must run in the process the "
+            f"grader calls, not in a helper process.")))
+    gap = stats.fence_median_ms - stats.wall_median_ms
+    if gap > FENCE_GAP_MS + FENCE_GAP_FRACTION * stats.wall_median_ms:
+        findings.append(TimingFinding("flagged", (
+            f"the call's reply came before its GPU work was done: the grader's GPU clock ran "
+            f"{gap:.3f} ms past its host clock (median {stats.fence_median_ms:.3f} against "
+            f"{stats.wall_median_ms:.3f} ms). The grader's loop synchronizes the device before it "
+            f"replies; something bypassed that. The time counted is the later clock.")))
+    findings += _accounting(stats, own, library_allowed)
+    if peak_tflops and stats.median_ms > 0 and flops / (stats.median_ms * 1e-3) / 1e12 > PEAK_MARGIN * peak_tflops:
+        findings.append(TimingFinding("flagged", (
+            f"a median of {stats.median_ms:.4f} ms would be {flops / (stats.median_ms * 1e-3) / 1e12:.0f} "
+            f"TFLOP/s, above {PEAK_MARGIN:g} x this GPU's fp16 matmul rate measured in the same run "
+            f"({peak_tflops:.0f} TFLOP/s): not physically possible, so the time cannot be real.")))
+    return findings
+
+
+def _accounting(stats, own: set[str], library_allowed: bool) -> list[TimingFinding]:
+    if not stats.launched:
+        return [TimingFinding("flagged", "no GPU kernel was observed during the timed calls: the "
+                              "work ran where the grader's profiler cannot see it.")]
+    per_call = explained_ms(stats.launched, own, library_allowed=library_allowed) / max(stats.n, 1)
+    measured = (stats.raw_mean_ms - stats.protocol_ms) if stats.raw_mean_ms else stats.mean_ms
+    unexplained = measured - per_call
+    allowed = ACCOUNT_FLOOR_MS + ACCOUNT_FRACTION * measured
+    if unexplained <= allowed:
+        return []
+    return [TimingFinding("flagged", (
+        f"GPU time unaccounted for: the grader measured {measured:.3f} ms per timed call, and the "
+        f"kernels the submission wrote (with copies and fills) ran {per_call:.3f} ms of it; "
+        f"{unexplained:.3f} ms is not explained by any kernel the profiler saw (allowed: "
+        f"{allowed:.3f} ms). Work hidden from the profiler, run in another process or in a "
+        f"library does this."))]

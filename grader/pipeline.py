@@ -17,17 +17,21 @@ from . import config
 from .baselines import BASELINES
 from .build import BuildResult, build_submission
 from .cases import Case, largest
-from .correctness import CaseResult, check_outputs, check_spots, launched_of
+from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo
 from .hints import hint_for
-from .integrity import classify_launched, clocks_disagree, own_kernel_names, static_evidence
+from .integrity import (classify_launched, own_kernel_names, static_evidence, tampering_lines,
+                        timing_findings)
 from .procs import ProcResult, child_env, run_limited
 from .progress import Progress
 from .results import SubmissionResult, write_result
 from .sandbox import Sandbox
 from .status import Status, worst
-from .submission import Kind, Role, Submission
+from .submission import Kind, Role, Submission, read_sources
+from .text import clean, clean_line
 from .timing import TimingStats
+
+SUBJECT = Path(__file__).resolve().parent / "subject" / "loop.py"
 
 
 class GpuUnhealthy(RuntimeError):
@@ -44,6 +48,8 @@ class GradeContext:
     progress: Progress
     sandbox: Sandbox = Sandbox(None, "not set up")
     calibration: bool = False    # library calls allowed (timing calibration); never ranked
+    precision: tuple[float, float] = (config.PRECISION_FACTOR, config.PRECISION_FLOOR)
+    floor_ms: float = 0.0        # the protocol's own cost per timed call (calibrate_protocol)
 
     @property
     def device_name(self) -> str:
@@ -61,8 +67,10 @@ def now() -> str:
 # ---------------------------------------------------------------- one submission
 
 
-def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> SubmissionResult:
+def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
+                     source: str = "") -> SubmissionResult:
     """Everything after the build, for one submission; never raises for the submission's faults.
+    `source`: its folder's sources, read before any of its code ran (own kernel names).
 
     Its wall time is the build's plus its own stages', not the time it waited for the GPU."""
     started = time.monotonic() - build.elapsed_s
@@ -82,12 +90,12 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
     with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
-        runs, run_proc = run_cases(sub, build, runnable, ctx, work)
-        _save_log(ctx, sub, "run", run_proc)
+        runs, run_output = run_cases(sub, build, runnable, ctx, work)
+        _save_log(ctx, sub, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
             checked = check_outputs(runnable, runs, out_dir=work, device=ctx.device_name,
-                                    limits=ctx.limits, env=ctx.env)
+                                    limits=ctx.limits, env=ctx.env, precision=ctx.precision)
         else:
             checked = [CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"],
                                   c.hidden, run_s=runs[c.id].get("elapsed_s"),
@@ -99,7 +107,6 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
     status = worst(c.status for c in checked)
     if not ctx.sandbox.active:
         notes.append(ctx.sandbox.describe())
-    source = _folder_source(sub)   # where the names of the submission's own kernels are defined
     flagged = launch_findings([(c.case, c.launched) for c in cases], source, ctx)
     if flagged and ctx.calibration:
         notes.append(f"calibration run: library calls allowed ({flagged})")
@@ -109,24 +116,38 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext) -> 
     if status is Status.PASS and ctx.device.cuda:
         ctx.progress.stage(sub.id, "time")
         timed = largest(list(ctx.cases))
-        timing_or_error = time_target(_target(sub, build), timed, ctx, writable=_writable(sub, ctx))
-        if isinstance(timing_or_error, TimedRun):
-            timing, timed_case = timing_or_error.stats, timed.id
-            in_loop = launch_findings([(f"{timed.id} (timed calls)", timing.launched)], source, ctx)
-            if in_loop and not ctx.calibration:
-                return _finish(base, Status.FLAGGED, in_loop, cases=cases, timing=timing,
-                               timed_case=timed_case, notes=notes, started=started)
-            if timing_or_error.finding:
-                return _finish(base, Status.FLAGGED, timing_or_error.finding, cases=cases,
-                               timing=timing, timed_case=timed_case, notes=notes, started=started)
-        else:
-            status, message = timing_or_error
-            return _finish(base, status, message, cases=cases, notes=notes,
-                           started=started)
+        timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
+                                log_name=sub.id)
+        if isinstance(timed_run, tuple):
+            status, message = timed_run
+            return _finish(base, status, message, cases=cases, notes=notes, started=started)
+        timing, timed_case = timed_run.stats, timed.id
+        problems = judge_timing(timed_run, timed, source, ctx)
+        if problems:
+            worst_status = worst(Status(f.status) for f in problems)
+            message = "\n".join(f.message for f in problems if f.status == worst_status.value)
+            if "physically possible" in message:
+                timing = None   # no page shows an impossible rate
+            return _finish(base, worst_status, message, cases=cases, timing=timing,
+                           timed_case=timed_case, notes=notes, started=started)
     elif status is Status.PASS:
         notes.append("not timed: no CUDA device")
     return _finish(base, status, _verdict(status, cases, timing), cases=cases,
                    timing=timing, timed_case=timed_case, notes=notes, started=started)
+
+
+def judge_timing(timed: "TimedRun", case: Case, source: str, ctx: GradeContext) -> list:
+    """Every reason the timed calls cannot rank (trusted observations, then the kernels the
+    subject reported), or [] when the time stands."""
+    own = own_kernel_names(source)
+    problems = timing_findings(timed.record, timed.stats, own, flops=case.flops,
+                               peak_tflops=ctx.device.matmul_tflops,
+                               library_allowed=ctx.calibration)
+    in_loop = launch_findings([(f"{case.id} (timed calls)", timed.stats.launched)], source, ctx)
+    if in_loop and not ctx.calibration:
+        from .integrity import TimingFinding
+        problems.append(TimingFinding("flagged", in_loop))
+    return problems
 
 
 def launch_findings(launches: list[tuple[str, tuple]], source: str, ctx: GradeContext) -> str:
@@ -135,7 +156,7 @@ def launch_findings(launches: list[tuple[str, tuple]], source: str, ctx: GradeCo
     own = own_kernel_names(source)
     flags = {}
     for where, launched in launches:
-        for flag in classify_launched(launched, own, gpu=ctx.device.cuda):
+        for flag in classify_launched([item[:2] for item in launched], own, gpu=ctx.device.cuda):
             flags.setdefault(flag.name, (where, flag))
     if not flags:
         return ""
@@ -149,9 +170,22 @@ def launch_findings(launches: list[tuple[str, tuple]], source: str, ctx: GradeCo
     return "\n".join(lines)
 
 
-def _writable(sub: Submission, ctx: GradeContext) -> list[Path]:
-    """What a submission's own processes may write inside the sandbox."""
-    return [sub.path, ctx.build_dir / sub.module_name]
+def tampering_verdict(source: str) -> str:
+    """The flag's text when the sources use an API on integrity.TAMPERING, else ''."""
+    lines = tampering_lines(source)
+    if not lines:
+        return ""
+    return ("uses APIs that no kernel needs and that tamper with grading (the profiler, other "
+            "frames or objects, helper processes, the compiler stack, raw memory or pipes); "
+            "remove them: " + "; ".join(lines))
+
+
+def _folder(sub: Submission, build: BuildResult | None) -> list[Path]:
+    """What a submission's run and timing processes see of the grader's disk, read-only: its own
+    folder and its build folder."""
+    if sub.kind is Kind.CUDA and build is not None and build.artifact:
+        return [sub.path, Path(build.artifact).parent]
+    return [sub.path]
 
 
 def _read_source(sub: Submission) -> str | None:
@@ -161,26 +195,13 @@ def _read_source(sub: Submission) -> str | None:
         return None
 
 
-def _folder_source(sub: Submission, limit: int = 2_000_000) -> str:
-    """Every source file of the submission's folder (a Python submission may import its own
-    modules): where its kernels' names are looked up."""
-    texts = []
-    for path in sorted(sub.path.rglob("*")):
-        if path.suffix in (".py", ".cu", ".cuh", ".h", ".hpp", ".cpp") and path.is_file():
-            try:
-                texts.append(path.read_text(errors="replace")[:limit])
-            except OSError:
-                continue
-    return "\n".join(texts)
-
-
 def _finish(base: dict, status: Status, message: str, *, cases, started: float,
             notes=(), timing=None, timed_case=None) -> SubmissionResult:
     base = dict(base)
     source = base.pop("source_text", None)
-    return SubmissionResult(**base, status=status, message=message,
+    return SubmissionResult(**base, status=status, message=clean(message),
                             hint=hint_for(base["build"], cases, source), cases=tuple(cases),
-                            timing=timing, timed_case=timed_case, notes=tuple(notes),
+                            timing=timing, timed_case=timed_case, notes=tuple(clean(n) for n in notes),
                             wall_s=round(time.monotonic() - started, 2), graded_at=now())
 
 
@@ -198,7 +219,7 @@ def _verdict(status: Status, cases: list[CaseResult], timing: TimingStats | None
 
 
 def _label(sub: Submission) -> str:
-    return "Reference solution" if sub.role is Role.BASELINE else sub.id
+    return "Reference solution" if sub.role is Role.BASELINE else clean_line(sub.id)
 
 
 def _select_cases(sub: Submission, ctx: GradeContext) -> tuple[list[Case], list[CaseResult], list[str]]:
@@ -233,10 +254,10 @@ def _scratch(need_bytes: int = 8 << 30) -> str | None:
     return None
 
 
-def _save_log(ctx: GradeContext, sub: Submission, stage: str, proc: ProcResult) -> None:
+def _save_log(ctx: GradeContext, sub: Submission, stage: str, output: str) -> None:
     path = ctx.out_dir / "logs" / f"{sub.id}.{stage}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(proc.output)
+    path.write_text(clean(output, limit=1 << 22))
 
 
 def _target(sub: Submission, build: BuildResult | None) -> dict:
@@ -250,123 +271,88 @@ def _target(sub: Submission, build: BuildResult | None) -> dict:
 # ---------------------------------------------------------------- stages in child processes
 
 
-def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-              work: Path) -> tuple[dict[str, dict], ProcResult]:
-    """Run the submission on every case in its own process; one record per case."""
-    events = work / "events.jsonl"
-    spec = dict(target=_target(sub, build), device=ctx.device_name, out_dir=str(work),
-                events=str(events), cases=[c.to_dict() for c in cases])
-    spec_path = work / "run_spec.json"
+def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folder: list[Path],
+                deadline_s: float, **fields) -> tuple[dict | None, str]:
+    """Run grader/harness.py (trusted: it never imports the submission) in `mode`; it starts the
+    subject in the sandbox, read-only on `folder`. Returns the harness's record (None if the
+    harness itself failed) and the text for the log."""
+    cwd = folder[0] if folder else SUBJECT.parent
+    spec = dict(mode=mode, device=ctx.device_name, target=target,
+                subject_cmd=ctx.sandbox.wrap([sys.executable, str(SUBJECT)], readonly=folder),
+                cwd=str(cwd), head_bytes=ctx.limits.output_head_bytes,
+                tail_bytes=ctx.limits.output_tail_bytes,
+                file_bytes=int(ctx.limits.file_gb * (1 << 30)), deadline_s=deadline_s,
+                out_dir=str(work), result=str(work / f"{mode}.json"), **fields)
+    spec_path = work / f"{mode}_spec.json"
     spec_path.write_text(json.dumps(spec))
-    cmd = ctx.sandbox.wrap([sys.executable, "-m", "grader.worker", "run", "--spec", str(spec_path)],
-                           writable=[*_writable(sub, ctx), work])
-    proc = run_limited(cmd, timeout_s=ctx.limits.run_s, env=ctx.env, cwd=sub.path,
-                       head_bytes=ctx.limits.output_head_bytes,
-                       tail_bytes=ctx.limits.output_tail_bytes,
-                       file_bytes=int(ctx.limits.file_gb * (1 << 30)))
-    return interpret_events(cases, _read_events(events), proc, ctx.limits.run_s), proc
+    proc = run_limited([sys.executable, "-m", "grader.harness", "--spec", str(spec_path)],
+                       timeout_s=deadline_s + 300, env=ctx.env, cwd=config.REPO_ROOT)
+    result_path = work / f"{mode}.json"
+    if not result_path.exists():
+        return None, proc.output
+    record = json.loads(result_path.read_text())
+    return record, record.get("output", "") + (f"\n[grader harness]\n{proc.output}" if proc.output.strip() else "")
 
 
-def _read_events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    events = []
-    for line in path.read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            break   # a torn last line: the process died while writing it
-    return events
-
-
-def interpret_events(cases: list[Case], events: list[dict], proc: ProcResult,
-                     limit_s: float) -> dict[str, dict]:
-    """Turn the worker's event log and exit into one record per case:
-    {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', 'elapsed_s'}."""
-    last: dict[str, dict] = {}
-    for e in events:
-        last[e["case"]] = e
-    records: dict[str, dict] = {}
-    died = None   # the first case that never finished: where the process died or hung
-    for case in cases:
-        e = last.get(case.id)
-        if e is None:
-            if died is None:
-                died = case.id
-                records[case.id] = _death_record(proc, limit_s, loading=not events)
-            else:
-                records[case.id] = dict(status="runtime_error",
-                                        message=f"not run: the process ended during case {died}")
-        elif e["event"] == "done":
-            records[case.id] = dict(status="pass", message="", elapsed_s=e["elapsed_s"],
-                                    peak_memory_bytes=e.get("peak_memory_bytes"),
-                                    launched=e.get("launched", []))
-        elif e["event"] == "error":
-            records[case.id] = dict(status="runtime_error",
-                                    message=f"{e['error']}: {e['message']}\n{e['traceback']}")
-        elif e["event"] == "skipped":
-            records[case.id] = dict(status="runtime_error", message=e["message"])
-        else:   # started, never finished
-            died = died or case.id
-            records[case.id] = _death_record(proc, limit_s, loading=False)
-    return records
-
-
-def _death_record(proc: ProcResult, limit_s: float, *, loading: bool) -> dict:
-    doing = "loading the submission" if loading else "this case"
-    if proc.timed_out:
-        return dict(status="timeout", message=f"still running after {limit_s:.0f} s ({doing}); killed")
-    how = f"was killed by {proc.signal_name}" if proc.signal_name else f"exited with code {proc.returncode}"
-    exception = proc.last_exception()
-    return dict(status="runtime_error", message=f"the process {how} while {doing}"
-                f"{': ' + exception if exception else ''}\n{proc.tail(25)}")
+def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
+              work: Path) -> tuple[dict[str, dict], str]:
+    """Each case once, driven by the harness; one record per case:
+    {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', ...}."""
+    record, output = run_harness("run", _target(sub, build), ctx, work, folder=_folder(sub, build),
+                                 deadline_s=ctx.limits.run_s, cases=[c.to_dict() for c in cases])
+    if record is None:
+        message = f"grader error: the harness failed; tell the instructor\n{output[-3000:]}"
+        return {c.id: dict(status="runtime_error", message=message) for c in cases}, output
+    return record["cases"], output
 
 
 @dataclasses.dataclass(frozen=True)
 class TimedRun:
     stats: TimingStats
-    finding: str = ""    # why the timing cannot be trusted: clocks disagree, a timed output is wrong
+    record: dict      # what the harness saw: verification, spot checks, GPU processes
 
 
-def time_target(target: dict, case: Case, ctx: GradeContext, *,
-                writable: list[Path] = ()) -> TimedRun | tuple[Status, str]:
-    """Timing statistics of one case, from a fresh process, with its two integrity checks (the
-    two clocks, and the sampled timed calls' outputs); or (status, message) if it failed."""
+def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Path],
+                log_name: str | None = None) -> TimedRun | tuple[Status, str]:
+    """Timing statistics of one case, measured by the harness; or (status, message) if the
+    subject failed while being timed."""
     with tempfile.TemporaryDirectory(prefix="time-", dir=_scratch()) as tmp:
-        out = Path(tmp) / "timing.json"
-        spec = dict(target=target, device=ctx.device_name, case=case.to_dict(),
-                    budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes, out=str(out),
-                    record_launches=config.TIMING_RECORD_LAUNCHES)
-        spec_path = Path(tmp) / "time_spec.json"
-        spec_path.write_text(json.dumps(spec))
-        cwd = target.get("source") and Path(target["source"]).parent or config.REPO_ROOT
-        cmd = ctx.sandbox.wrap([sys.executable, "-m", "grader.worker", "time", "--spec", str(spec_path)],
-                               writable=[*writable, tmp])
-        proc = run_limited(cmd, timeout_s=ctx.limits.time_s, env=ctx.env, cwd=cwd,
-                           head_bytes=ctx.limits.output_head_bytes,
-                           tail_bytes=ctx.limits.output_tail_bytes,
-                       file_bytes=int(ctx.limits.file_gb * (1 << 30)))
-        if proc.timed_out:
-            ensure_gpu_healthy(ctx)
-            return Status.TIMEOUT, f"timing {case.id} did not finish within {ctx.limits.time_s:.0f} s"
-        if not proc.ok or not out.exists():
-            ensure_gpu_healthy(ctx)
-            return Status.RUNTIME_ERROR, f"timing {case.id} failed:\n{proc.tail(25)}"
-        record = json.loads(out.read_text())
-        stats = TimingStats.from_dict(record["stats"])
-        finding = clocks_disagree(stats.median_ms, stats.wall_median_ms) or ""
-        if target["kind"] != "builtin":
-            spots = check_spots(case, record["spots"], out_dir=Path(tmp), device=ctx.device_name,
-                                limits=ctx.limits, env=ctx.env)
-            wrong = [s for s in spots if not s.ok]
-            if not spots:
-                finding = finding or "no timed call's output could be kept for the check"
-            elif wrong:
-                finding = (f"timed call {wrong[0].call + 1} of {stats.n} returned a wrong output "
-                           f"({len(wrong)} of the {len(spots)} calls checked at random): outputs "
-                           f"cached or replayed across calls, or work left running after the "
-                           f"call returned.\n{wrong[0].message}")
-        return TimedRun(stats, finding)
+        record, output = run_harness(
+            "time", target, ctx, Path(tmp), folder=folder, deadline_s=ctx.limits.time_s,
+            case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
+            floor_ms=ctx.floor_ms, precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]))
+    if log_name:
+        path = ctx.out_dir / "logs" / f"{log_name}.time.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(clean(output, limit=1 << 22))
+    if record is None:
+        ensure_gpu_healthy(ctx)
+        return Status.RUNTIME_ERROR, f"grader error: the timing harness failed; tell the instructor\n{output[-2000:]}"
+    if "failed" in record:
+        ensure_gpu_healthy(ctx)
+        failed = record["failed"]
+        return Status(failed["status"]), failed["message"]
+    return TimedRun(TimingStats.from_dict(record["stats"]), record)
+
+
+def calibrate_protocol(ctx: GradeContext) -> float:
+    """The protocol's own cost per timed call on the largest case, measured once per run by the
+    harness on a subject that runs no submission (grader/harness.py calibrate); 0 without a GPU
+    or if it failed (then times include it, for every row alike)."""
+    if not ctx.device.cuda:
+        return 0.0
+    with tempfile.TemporaryDirectory(prefix="calibrate-", dir=_scratch()) as tmp:
+        record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
+                                     folder=[], deadline_s=ctx.limits.time_s,
+                                     case=largest(list(ctx.cases)).to_dict(),
+                                     l2_bytes=ctx.device.l2_bytes)
+    if record is None or "floor_ms" not in record:
+        ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")
+        return 0.0
+    ctx.progress.note(f"protocol calibrated: {record['floor_ms']:.3f} ms per call (round trip "
+                      f"{record['rtt_ms']:.3f} ms, GPU context switches, output copy), subtracted "
+                      f"from every timed call")
+    return record["floor_ms"]
 
 
 def ensure_gpu_healthy(ctx: GradeContext, *, tries: int = 2) -> None:
@@ -387,7 +373,8 @@ def ensure_gpu_healthy(ctx: GradeContext, *, tries: int = 2) -> None:
 
 
 def grade_baseline(name: str, ctx: GradeContext) -> SubmissionResult:
-    """A PyTorch baseline row: timed on the largest case by the same code as the submissions."""
+    """A PyTorch baseline row: its code runs in a subject like a submission's, timed by the same
+    harness on the largest case."""
     started = time.monotonic()
     baseline = BASELINES[name]
     base = dict(id=name, label=baseline.label, kind="builtin", role="baseline")
@@ -395,7 +382,7 @@ def grade_baseline(name: str, ctx: GradeContext) -> SubmissionResult:
         return SubmissionResult(**base, status=Status.NOT_RUN, message="not run: no CUDA device",
                                 graded_at=now())
     case = largest(list(ctx.cases))
-    timed = time_target(dict(kind="builtin", name=name), case, ctx)
+    timed = time_target(dict(kind="builtin", name=name), case, ctx, folder=[])
     if isinstance(timed, TimedRun):
         timing = timed.stats
         return SubmissionResult(**base, status=Status.PASS,
@@ -423,12 +410,18 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
 
     def build(sub: Submission) -> BuildResult:
         ctx.progress.stage(sub.id, "build")
-        return build_submission(sub, build_dir=ctx.build_dir / sub.module_name, device=ctx.device,
+        tampering = "" if ctx.calibration else tampering_verdict(sources[id(sub)])
+        if tampering:   # decided from the source alone: nothing of it is built or run
+            return BuildResult(Status.FLAGGED, "none", 0.0, message=tampering)
+        return build_submission(sub, build_dir=ctx.build_dir / sub.build_namespace / sub.module_name, device=ctx.device,
                                 limits=ctx.limits, sandbox=ctx.sandbox,
                                 log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
 
+    # Each folder's sources, read before any of its code runs (own kernel names).
+    sources = {id(s): read_sources(s.path) if s.kind is not Kind.INVALID else "" for s in subs}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs)) as pool:
         futures = {pool.submit(build, s): s for s in subs}
+        ctx = dataclasses.replace(ctx, floor_ms=calibrate_protocol(ctx))   # while they compile
         for name in baselines:
             ctx.progress.stage(name, "time")
             record(grade_baseline(name, ctx))
@@ -441,7 +434,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
                                            message=f"grader error while building: {e!r}")
             started = time.monotonic()
             try:
-                result = grade_submission(sub, build_result, ctx)
+                result = grade_submission(sub, build_result, ctx, sources[id(sub)])
             except GpuUnhealthy:
                 raise
             except Exception as e:   # a grader bug: this submission's result says so, then go on

@@ -38,6 +38,8 @@ class Policy:
     pseudonyms: bool = True
     hide_solution: bool = True
     pseudonym_salt: str = "change-me-per-course"
+    precision_factor: float = config.PRECISION_FACTOR
+    precision_floor: float = config.PRECISION_FLOOR
 
     def threshold_ms(self, spec: str | float, baselines: dict[str, float]) -> float | None:
         if isinstance(spec, (int, float)):
@@ -90,7 +92,8 @@ def load_policy(path: Path = POLICY_FILE) -> Policy:
     except tomllib.TOMLDecodeError as e:
         raise PolicyError(f"{path}: {e}") from None
     flat = {}
-    sections = {"correctness": ("public_case_points", "hidden_case_points"),
+    sections = {"correctness": ("public_case_points", "hidden_case_points", "precision_factor",
+                                "precision_floor"),
                 "performance": ("points", "zero_at", "full_at"),
                 "display": ("pseudonyms", "hide_solution", "pseudonym_salt")}
     for section, keys in sections.items():
@@ -103,4 +106,13 @@ def load_policy(path: Path = POLICY_FILE) -> Policy:
         if isinstance(value, str) and not value.startswith("baseline:"):
             raise PolicyError(f"{path}: [performance] {key} = {value!r}: use \"baseline:<name>\" "
                               f"or a number of milliseconds")
+    for key in ("precision_factor", "precision_floor"):
+        value = flat.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise PolicyError(f"{path}: [correctness] {key} = {value!r}: use a number >= 0 "
+                              f"(the precision budget: error <= factor x a plain fp16 "
+                              f"implementation's + floor)")
+    if flat.get("precision_factor") is not None and flat["precision_factor"] < 1:
+        raise PolicyError(f"{path}: [correctness] precision_factor = {flat['precision_factor']!r}: "
+                          f"below 1 would fail kernels as precise as plain fp16; use 1 or more")
     return Policy(**flat)

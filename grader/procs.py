@@ -17,6 +17,7 @@ import threading
 import time
 
 from . import config
+from .text import clean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,18 +80,19 @@ class _CappedReader(threading.Thread):
     def text(self) -> str:
         dropped = self.total - len(self.head) - len(self.tail)
         middle = f"\n[... {dropped} bytes of output dropped ...]\n" if dropped > 0 else ""
-        return (bytes(self.head).decode(errors="replace") + middle
-                + bytes(self.tail).decode(errors="replace"))
+        # A submission's bytes: made valid UTF-8 with control characters visible, here, once.
+        return clean(bytes(self.head).decode(errors="replace") + middle
+                     + bytes(self.tail).decode(errors="replace"), limit=1 << 22)
 
 
-def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
-                cwd: str | os.PathLike | None = None, head_bytes: int = 8192,
-                tail_bytes: int = 24576, memory_bytes: int | None = None,
-                file_bytes: int | None = None) -> ProcResult:
-    """Run `cmd` in a new session; stdout and stderr are merged and capped. `memory_bytes` caps
-    the address space of it and its children (not for CUDA processes: the driver maps far more
-    virtual memory than it uses); `file_bytes` caps the size of any file they write."""
-    start = time.monotonic()
+def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathLike | None = None,
+                 head_bytes: int = 8192, tail_bytes: int = 24576, memory_bytes: int | None = None,
+                 file_bytes: int | None = None, pass_fds: tuple[int, ...] = ()
+                 ) -> tuple[subprocess.Popen, "_CappedReader"]:
+    """Start `cmd` in a new session with stdout and stderr merged into a capped reader.
+    `memory_bytes` caps the address space of it and its children (not for CUDA processes: the
+    driver maps far more virtual memory than it uses); `file_bytes` caps any file they write;
+    `pass_fds` stay open in the child."""
 
     def set_limits() -> None:
         if memory_bytes:
@@ -100,23 +102,36 @@ def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True,
-                            preexec_fn=set_limits if (memory_bytes or file_bytes) else None)
+                            preexec_fn=set_limits if (memory_bytes or file_bytes) else None,
+                            pass_fds=pass_fds)
     reader = _CappedReader(proc.stdout, head_bytes, tail_bytes)
     reader.start()
+    return proc, reader
+
+
+def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
+                cwd: str | os.PathLike | None = None, head_bytes: int = 8192,
+                tail_bytes: int = 24576, memory_bytes: int | None = None,
+                file_bytes: int | None = None) -> ProcResult:
+    """Run `cmd` in a new session with a wall-clock limit; output merged and capped (spawn_capped)."""
+    start = time.monotonic()
+    proc, reader = spawn_capped(cmd, env=env, cwd=cwd, head_bytes=head_bytes,
+                                tail_bytes=tail_bytes, memory_bytes=memory_bytes,
+                                file_bytes=file_bytes)
     timed_out = False
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
-        _kill_group(proc)
+        kill_group(proc)
     reader.join(timeout=10)
     return ProcResult(returncode=None if timed_out else proc.returncode, timed_out=timed_out,
                       elapsed_s=time.monotonic() - start, output=reader.text(),
                       output_bytes=reader.total)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """Kill the child and anything it started (ninja, nvcc, a forked helper)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

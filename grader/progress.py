@@ -1,7 +1,9 @@
-"""Progress: a live rich display in a terminal, plain timestamped lines in a CI log."""
+"""Progress: a live rich display in a terminal, plain timestamped lines in a CI log; both with
+an estimate of the time left, and a count of each status at the end."""
 
 from __future__ import annotations
 
+import collections
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -10,11 +12,35 @@ if TYPE_CHECKING:
     from .results import SubmissionResult
 
 
+def eta_seconds(finished: int, total: int, elapsed_s: float) -> float | None:
+    """Time left at the mean pace so far; None before the first result."""
+    if finished <= 0 or finished >= total:
+        return None if finished <= 0 else 0.0
+    return elapsed_s / finished * (total - finished)
+
+
+def clock(seconds: float) -> str:
+    """12s, 3m05s, 1h02m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def status_totals(counts: collections.Counter) -> str:
+    """'5 pass · 2 mismatch · 1 build_error', most common first."""
+    return " · ".join(f"{n} {status}" for status, n in counts.most_common()) or "nothing graded"
+
+
 class Progress:
-    """Shows which submission is in which stage, and each verdict as it lands."""
+    """Shows which submission is in which stage, each verdict as it lands, the time left, and
+    the count of each status when it closes."""
 
     def __init__(self, total: int, *, live: bool | None = None, stream=None):
         self.total, self.finished = total, 0
+        self.counts: collections.Counter = collections.Counter()
         self.stream = stream or sys.stderr
         self.t0 = time.monotonic()
         self.live = self.stream.isatty() if live is None else live
@@ -22,10 +48,12 @@ class Progress:
         if self.live:
             try:
                 from rich.console import Console
-                from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+                from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
+                                           TimeElapsedColumn, TimeRemainingColumn)
                 from rich.progress import Progress as RichProgress
                 self._rich = RichProgress(TextColumn("[bold]grading"), BarColumn(),
                                           MofNCompleteColumn(), TimeElapsedColumn(),
+                                          TextColumn("left"), TimeRemainingColumn(),
                                           TextColumn("{task.description}"),
                                           console=Console(file=self.stream), transient=True)
                 self._task = self._rich.add_task("", total=total)
@@ -39,6 +67,10 @@ class Progress:
         else:
             print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.stream, flush=True)
 
+    def eta(self) -> str:
+        left = eta_seconds(self.finished, self.total, time.monotonic() - self.t0)
+        return "" if left is None else f"about {clock(left)} left"
+
     def stage(self, sub_id: str, stage: str) -> None:
         if self._rich is not None:
             self._rich.update(self._task, description=f"{sub_id}: {stage}")
@@ -47,8 +79,11 @@ class Progress:
 
     def done(self, result: "SubmissionResult") -> None:
         self.finished += 1
-        self._line(f"{result.label}: {result.status.value} - {result.message.splitlines()[0] if result.message else ''}"
-                   f" ({result.wall_s:.1f}s)")
+        self.counts[result.status.value] += 1
+        verdict = result.message.splitlines()[0] if result.message else ""
+        eta = self.eta()
+        self._line(f"{result.label}: {result.status.value} - {verdict} ({result.wall_s:.1f}s)"
+                   f" [{self.finished}/{self.total}{', ' + eta if eta else ''}]")
         if self._rich is not None:
             self._rich.update(self._task, advance=1)
 
@@ -58,3 +93,7 @@ class Progress:
     def close(self) -> None:
         if self._rich is not None:
             self._rich.stop()
+            self._rich = None
+        if self.finished:
+            print(f"graded {self.finished} of {self.total} in {clock(time.monotonic() - self.t0)}: "
+                  f"{status_totals(self.counts)}", file=self.stream, flush=True)

@@ -40,3 +40,21 @@ class _exact_fp32:
 
     def __exit__(self, *exc):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def attention_plain_fp16(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                         chunk_bytes: int = 1 << 30) -> torch.Tensor:
+    """The plain fp16 implementation the precision budget compares with: scores, softmax and the
+    product each rounded to fp16, as `softmax(Q Kᵀ·scale) V` written in PyTorch without upcasting
+    (flash-attention's tests call it `attention_ref(..., upcast=False)`). Chunked like the
+    reference; returns fp16."""
+    batch, heads, seq, head_dim = q.shape
+    scale = 1.0 / math.sqrt(head_dim)
+    out = torch.empty(q.shape, dtype=torch.float16, device=q.device)
+    rows = max(1, min(seq, chunk_bytes // (heads * seq * 2)))
+    for b in range(batch):
+        kb, vb = k[b].half(), v[b].half()
+        for start in range(0, seq, rows):
+            scores = torch.matmul(q[b, :, start:start + rows].half() * scale, kb.transpose(-1, -2))
+            out[b, :, start:start + rows] = torch.matmul(torch.softmax(scores, dim=-1), vb)
+    return out

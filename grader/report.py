@@ -11,6 +11,7 @@ import json
 import math
 import re
 import shutil
+import textwrap
 from pathlib import Path
 
 import jinja2
@@ -18,8 +19,10 @@ import jinja2
 from . import config
 from .exports import write_exports
 from .policy import Policy, Score, load_policy
+from .privacy import Redactor
 from .results import SubmissionResult, read_results, write_json_atomic
-from .status import Status
+from .roster import Roster, join, load_roster
+from .status import SEVERITY, Status
 
 TEMPLATES = config.REPO_ROOT / "templates"
 RUN_FILE = "_run.json"
@@ -67,7 +70,8 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
                policy: Policy | None = None, previous: dict[str, int] | None = None,
                public: bool = False) -> list[Row]:
     """Ranked rows first (by median time, baselines placed among them), then the rest.
-    `public`: the student-facing view (pseudonyms and the solution hidden, as the policy says)."""
+    `public`: the student-facing view: pseudonyms, the solution hidden (as the policy says), and
+    every result as privacy.Redactor shows it (no hidden case, absolute path or real id)."""
     policy = policy or Policy(pseudonyms=False, hide_solution=False)
     run = run or {}
     cases = run.get("cases", [])
@@ -79,14 +83,9 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
     timed = sorted((r for r in results if r.ranked), key=lambda r: r.timing.median_ms)
     others = sorted((r for r in results if not r.ranked),
                     key=lambda r: (r.role != "student", r.status.value, r.label))
-    hidden_ids = [c["id"] for c in cases if c["hidden"]]
-
-    def verdict(r: SubmissionResult) -> str:
-        line = r.message.splitlines()[0] if r.message else ""
-        if public:   # students never see the hidden cases' shapes
-            for i, case_id in enumerate(hidden_ids, 1):
-                line = line.replace(case_id, f"hidden case {i}")
-        return line
+    names = {r.id: policy.pseudonym(r.id) for r in results if r.role == "student"} \
+        if policy.pseudonyms else {}
+    redactor = Redactor.for_run(run, names if public else {})
 
     rows, rank = [], 0
     for r in timed + others:
@@ -94,40 +93,77 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
         if r.ranked and student:
             rank += 1
         t = r.timing.median_ms if r.ranked else None
-        name = policy.pseudonym(r.id) if (public and policy.pseudonyms and student) else r.label
+        name = names[r.id] if (public and student and names) else r.label
+        shown = redactor.student_result(r, label=name) if public else r
         rows.append(Row(
-            result=r, name=name, rank=rank if (r.ranked and student) else None,
+            result=shown, name=name, rank=rank if (r.ranked and student) else None,
             previous_rank=(previous or {}).get(r.id) if student else None,
             speedup_vs_reference=ref_ms / t if (t and ref_ms) else None,
             speedup_vs_flash=flash_ms / t if (t and flash_ms) else None,
             percent_of_peak=100 * r.timing.tflops / peak if (t and peak) else None,
             score=policy.score(r, cases, baselines) if student and cases else None,
-            verdict=verdict(r)))
+            verdict=shown.message.splitlines()[0] if shown.message else ""))
     return rows
 
 
-def chart(rows: list[Row], *, width: int = 760, bar_height: int = 18) -> dict | None:
-    """Geometry of the inline SVG: one bar per timed row on a log scale of milliseconds, the
-    baselines drawn as reference lines across the plot."""
+def status_counts(rows: list[Row], missing: int = 0) -> list[tuple[str, int]]:
+    """(status, count) of the students' rows, worst first, statuses with no row left out; the
+    roster's students with no submission as `missing`."""
+    counts = {s: 0 for s in SEVERITY}
+    for row in rows:
+        if row.result.role == "student":
+            counts[row.result.status] += 1
+    out = [(s.value, n) for s, n in counts.items() if n]
+    return out + ([("missing", missing)] if missing else [])
+
+
+def counts_line(rows: list[Row], missing: int = 0) -> str:
+    """'300 submissions: 212 pass · 41 mismatch · …', for the page and the terminal."""
+    students = sum(1 for row in rows if row.result.role == "student")
+    parts = " · ".join(f"{n} {s}" for s, n in status_counts(rows, missing))
+    return f"{students} submission{'s' if students != 1 else ''}: {parts or 'none'}"
+
+
+def chart(rows: list[Row], *, width: int = 640, bar_height: int = 18, top_n: int = 15,
+          bins: int = 32) -> dict | None:
+    """Geometry of the inline SVG, on a log scale of milliseconds: one bar for each of the `top_n`
+    fastest students and each baseline, then a histogram of every timed student (so the chart
+    stays one screen tall at any class size), the baselines drawn as reference lines across both."""
     timed = [r for r in rows if r.result.timing]
     if not timed:
         return None
-    lo = min(r.result.timing.median_ms for r in timed) / 1.5
-    hi = max(r.result.timing.median_ms for r in timed) * 1.5
-    left, right, top = 190, 20, 10
+    times = [r.result.timing.median_ms for r in timed]
+    lo, hi = min(times) / 1.5, max(times) * 1.5
+    left, right, top = 150, 50, 10
     plot = width - left - right
 
     def x(ms: float) -> float:
         return left + plot * (math.log(ms) - math.log(lo)) / (math.log(hi) - math.log(lo))
 
-    bars = [dict(name=r.name, y=top + i * (bar_height + 4), x=left, w=max(1.0, x(r.result.timing.median_ms) - left),
-                 ms=r.result.timing.median_ms, baseline=r.result.role == "baseline")
-            for i, r in enumerate(timed)]
-    height = top + len(bars) * (bar_height + 4) + 30
+    students = [r for r in timed if r.result.role == "student"]
+    shown = [r for r in timed if r.result.role == "baseline" or r in students[:top_n]]
+    bars = [dict(name=r.name, y=top + i * (bar_height + 4), x=left,
+                 w=max(1.0, x(r.result.timing.median_ms) - left), ms=r.result.timing.median_ms,
+                 baseline=r.result.role == "baseline") for i, r in enumerate(shown)]
+    hist_top = top + len(bars) * (bar_height + 4) + 24
+    hist_height = 90 if len(students) > top_n else 0
+    counts = [0] * bins
+    for r in students:
+        i = int((x(r.result.timing.median_ms) - left) / plot * bins)
+        counts[min(bins - 1, max(0, i))] += 1
+    peak = max(counts) or 1
+    histogram = [dict(x=left + i * plot / bins, w=plot / bins - 1, n=n,
+                      h=hist_height * n / peak, y=hist_top + hist_height - hist_height * n / peak,
+                      lo=math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * i / bins),
+                      hi=math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * (i + 1) / bins))
+                 for i, n in enumerate(counts) if n] if hist_height else []
+    bottom = hist_top + hist_height if hist_height else hist_top - 20
     lines = [dict(name=r.name, x=x(r.result.timing.median_ms)) for r in timed if r.result.role == "baseline"]
     ticks = [dict(x=x(v), label=f"{v:g} ms") for v in (10.0 ** e for e in range(-3, 6)) if lo <= v <= hi]
-    return dict(width=width, height=height, left=left, top=top, bottom=height - 20, bar_height=bar_height,
-                bars=bars, lines=lines, ticks=ticks)
+    return dict(width=width, height=bottom + 24, left=left, top=top, bottom=bottom,
+                bar_height=bar_height, bars=bars, lines=lines, ticks=ticks, histogram=histogram,
+                hist_top=hist_top, hist_height=hist_height, students=len(students),
+                top_n=min(top_n, len(students)))
 
 
 def scope_notes(run: dict) -> list[str]:
@@ -166,23 +202,28 @@ def previous_run(out_dir: Path, current: str) -> tuple[dict[str, int], list[str]
     return {}, earlier
 
 
-def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool = False) -> dict[str, Path]:
+def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool = False,
+                  roster: Path | Roster | None = None) -> dict[str, Path]:
     """Render everything from the result files in `out_dir`; with `archive`, keep a copy of this
-    run's summary and pages in history/<run id>/. Returns the paths written."""
+    run's summary and pages in history/<run id>/; with a `roster` (a CSV path or a loaded one),
+    join the students to it (missing and extra submissions listed). Returns the paths written."""
     policy = policy or load_policy()
+    roster = load_roster(roster) if isinstance(roster, (str, Path)) else roster
     run = json.loads((out_dir / RUN_FILE).read_text())
     results = read_results(out_dir)
     current = run_id(run)
     previous, earlier = previous_run(out_dir, current)
     rows = build_rows(results, run=run, policy=policy, previous=previous)
     public_rows = build_rows(results, run=run, policy=policy, previous=previous, public=True)
+    joined = join(roster, [r for r in rows if r.result.role == "student"]) if roster else None
     paths = dict(summary=out_dir / SUMMARY_FILE, leaderboard=out_dir / "leaderboard.html",
                  students=out_dir / "leaderboard-students.html")
     write_json_atomic(paths["summary"], summary(rows, run))
     history = [dict(id=h, href=f"{HISTORY_DIR}/{h}/leaderboard.html") for h in earlier]
-    _write_text_atomic(paths["leaderboard"], render_leaderboard(rows, run, history=history))
-    _write_text_atomic(paths["students"], render_leaderboard(public_rows, run, history=[], public=True))
-    paths.update(write_exports(out_dir, rows, run, policy))
+    _write_text_atomic(paths["leaderboard"], render_leaderboard(rows, run, history=history, joined=joined))
+    _write_text_atomic(paths["students"], render_leaderboard(public_rows, run, history=[], public=True,
+                                                             missing=len(joined.missing) if joined else 0))
+    paths.update(write_exports(out_dir, rows, run, policy, roster=roster))
     if archive:
         keep = out_dir / HISTORY_DIR / current
         keep.mkdir(parents=True, exist_ok=True)
@@ -206,11 +247,17 @@ def summary(rows: list[Row], run: dict) -> dict:
         score=r.score.total if r.score else None) for r in rows])
 
 
-def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], public: bool = False) -> str:
-    cases = run["cases"]
+def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], public: bool = False,
+                       joined=None, missing: int = 0) -> str:
+    """The page. `public`: the students' page (its rows from build_rows(public=True)), notes
+    scrubbed of paths; `joined`: the roster join, listed on the instructors' page."""
+    notes = scope_notes(run)
+    if public:
+        notes = [Redactor.for_run(run).text(n) for n in notes]
+    missing = len(joined.missing) if joined else missing
     return environment().get_template("leaderboard.html.j2").render(
-        rows=rows, run=run, cases=cases, notes=scope_notes(run), Status=Status, chart=chart(rows),
-        history=history, public=public)
+        rows=rows, run=run, cases=run["cases"], notes=notes, Status=Status, chart=chart(rows),
+        history=history, public=public, joined=joined, counts_line=counts_line(rows, missing))
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -219,22 +266,31 @@ def _write_text_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def text_table(rows: list[Row]) -> str:
-    """The leaderboard as plain text, for terminals, logs and notes."""
+def text_table(rows: list[Row], *, width: int | None = None, missing: int = 0) -> str:
+    """The leaderboard as plain text, for terminals, logs and notes: verdicts wrapped at word
+    boundaries under their column, never cut, and a last line with the count of each status."""
     head = (f"{'#':>3}  {'submission':24} {'status':13} {'cases':>5} {'median ms':>10} "
             f"{'TFLOP/s':>8} {'vs ref':>7} {'wall s':>7}  verdict")
-    out = [head, "-" * len(head)]
+    indent = head.index("verdict")
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    out = [head, "-" * max(len(head), width)]
     for row in rows:
         r = row.result
         ran = [c for c in r.cases if c.status is not Status.NOT_RUN]
         cases = f"{sum(c.status is Status.PASS for c in ran)}/{len(ran)}" if ran else "-"
-        out.append(f"{row.rank or '':>3}  {row.name[:24]:24} {r.status.value:13} {cases:>5} "
-                   f"{(f'{r.timing.median_ms:.3f}' if r.timing else ''):>10} "
-                   f"{(f'{r.timing.tflops:.1f}' if r.timing else ''):>8} "
-                   f"{(f'{row.speedup_vs_reference:.2f}x' if row.speedup_vs_reference else ''):>7} "
-                   f"{r.wall_s:7.1f}  {row.verdict[:60]}")
+        name = row.name if len(row.name) <= 24 else row.name[:23] + "…"
+        line = (f"{row.rank or '':>3}  {name:24} {r.status.value:13} {cases:>5} "
+                f"{(f'{r.timing.median_ms:.3f}' if r.timing else ''):>10} "
+                f"{(f'{r.timing.tflops:.1f}' if r.timing else ''):>8} "
+                f"{(f'{row.speedup_vs_reference:.2f}x' if row.speedup_vs_reference else ''):>7} "
+                f"{r.wall_s:7.1f}  ")
+        verdict = textwrap.wrap(row.verdict, max(30, width - indent), break_long_words=False,
+                                break_on_hyphens=False) or [""]
+        out.append(line + verdict[0])
+        out += [" " * indent + more for more in verdict[1:]]
     peak = max((c.peak_memory_bytes or 0 for row in rows for c in row.result.cases), default=0)
     if peak:
         out.append(f"\npeak GPU memory of a correctness check (reference + comparison): "
                    f"{peak / 2**30:.2f} GiB")
+    out.append("\n" + counts_line(rows, missing))
     return "\n".join(out)

@@ -5,11 +5,14 @@ Inside, only an allow-list of the host's filesystem exists, read-only: the syste
 grader's own code and the repository's virtual environment. Nothing else is there: not the rest
 of the repository (the solution, the hidden cases), not the submissions folder (everyone else's
 code), not the results or build folders, not the home folders. /tmp, /dev/shm and $HOME are
-empty, size-capped scratch space. Writable: the submission's own folder, its build folder and
-its scratch folder. No network (a new network namespace), no other processes (a new PID
-namespace), only the GPU's device nodes in /dev. Where bubblewrap is missing or cannot create
-namespaces, `Sandbox.probe` says why, and the grader says so loudly on every result and on the
-leaderboard, then runs plain subprocesses: grading goes on.
+empty, size-capped scratch space. The submission's own folder is read-only; only its build
+folder (while it builds) is writable. No network (a new network namespace), no other processes
+(a new PID namespace), only the GPU's device nodes in /dev. Never root: when the grader runs as
+root, the sandboxed process drops to uid/gid 65534 (nobody) with every capability dropped
+(setpriv), so it cannot change GPU clocks or settings, ptrace anything or write what root owns.
+Where bubblewrap is missing or cannot create namespaces, `Sandbox.probe` says why, and the grader
+says so loudly on every result and on the leaderboard, then runs plain subprocesses: grading goes
+on.
 """
 
 from __future__ import annotations
@@ -25,8 +28,31 @@ from pathlib import Path
 
 from . import config
 
-MODES = ("auto", "require", "off")
-TMPFS_BYTES = 8 << 30   # each hidden folder's scratch tmpfs (nvcc's temporary files go to /tmp)   # GRADER_SANDBOX: auto = use it when it works
+MODES = ("auto", "require", "off")   # GRADER_SANDBOX: auto = use it when it works
+TMPFS_BYTES = 8 << 30   # each scratch tmpfs (nvcc's temporary files go to /tmp)
+NOBODY = 65534          # the uid and gid sandboxed processes run as when the grader is root
+
+
+def drop_privileges() -> list[str]:
+    """The command prefix that runs the rest as nobody with no capabilities, when we are root."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxUnavailable("the grader runs as root and setpriv (util-linux) is missing: "
+                                 "submissions would run as root; apt-get install util-linux")
+    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def give_to_sandbox(path: Path) -> None:
+    """Make a folder the sandboxed user will write (a build folder) its own, with what is in it."""
+    if os.geteuid() != 0:
+        return
+    os.chown(path, NOBODY, NOBODY)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), NOBODY, NOBODY, follow_symlinks=False)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -44,8 +70,10 @@ class Sandbox:
     def active(self) -> bool:
         return self.bwrap is not None
 
-    def wrap(self, cmd: list[str], *, writable: list[Path | str]) -> list[str]:
-        """`cmd` as run inside the sandbox, with `writable` folders bound read-write."""
+    def wrap(self, cmd: list[str], *, writable: list[Path | str] = (),
+             readonly: list[Path | str] = ()) -> list[str]:
+        """`cmd` as run inside the sandbox: `writable` folders bound read-write, `readonly` ones
+        (the submission's folder) read-only, as an unprivileged user."""
         if not self.active:
             return cmd
         args = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -53,17 +81,25 @@ class Sandbox:
         args += ["--dev", "/dev", "--proc", "/proc"]
         for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri")):
             args += ["--dev-bind", node, node]
-        for path in self.scratch:   # size-capped: writes there vanish and cannot fill memory
-            args += ["--size", str(TMPFS_BYTES), "--tmpfs", path]
-        for path in self.readable:  # after the scratch folders: a pyenv in $HOME stays visible
-            if os.path.islink(path) and os.path.dirname(path) == "/":   # /bin -> usr/bin
-                args += ["--symlink", os.readlink(path), path]
-            elif os.path.exists(path):
-                args += ["--ro-bind", path, path]
-        for path in writable:   # a symlinked folder appears where the grader names it
+        for path in self.scratch:   # size-capped, anyone may write: writes vanish with the process
+            args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", path]
+        mounts = [(path, "--ro-bind") for path in self.readable if os.path.exists(path)]
+        mounts += [(str(Path(p).absolute()), "--ro-bind") for p in readonly]
+        for path in writable:
             os.makedirs(path, exist_ok=True)
-            args += ["--bind", str(Path(path).resolve()), str(Path(path).absolute())]
-        return args + ["--", *cmd]
+            mounts.append((str(Path(path).absolute()), "--bind"))
+        bound: list[str] = []
+        made: set[str] = set()
+        # Parents before children (a later bind of a parent would hide a child); a symlinked
+        # folder appears where the grader names it.
+        for dest, how in sorted(mounts, key=lambda m: m[0].count(os.sep)):
+            if os.path.islink(dest) and os.path.dirname(dest) == "/":   # /bin -> usr/bin
+                args += ["--symlink", os.readlink(dest), dest]
+                continue
+            args += _parents(dest, self.scratch, bound, made)
+            args += [how, os.path.realpath(dest), dest]
+            bound.append(dest)
+        return args + ["--", *drop_privileges(), *cmd]
 
     @classmethod
     def probe(cls, *, readable: list[Path | str], scratch: list[Path | str],
@@ -79,11 +115,13 @@ class Sandbox:
         if bwrap is None:
             reason = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
         else:
-            trial = cls(bwrap, readable=SYSTEM).wrap(["true"], writable=[])
             try:
+                trial = cls(bwrap, readable=SYSTEM).wrap(["true"])
                 proc = subprocess.run(trial, capture_output=True, text=True, timeout=30)
                 if proc.returncode != 0:
                     reason = f"bwrap cannot create its namespaces here: {proc.stderr.strip()[:300]}"
+            except SandboxUnavailable as e:
+                reason = str(e)
             except (OSError, subprocess.TimeoutExpired) as e:
                 reason = f"bwrap failed to start: {e}"
         if reason:
@@ -95,8 +133,27 @@ class Sandbox:
 
     def describe(self) -> str:
         if self.active:
-            return "sandboxed (bubblewrap: no network; only system folders, the grader and the submission's own folders visible)"
+            who = f"as uid {NOBODY} (nobody), no capabilities" if os.geteuid() == 0 else \
+                "as the grader's own user, no capabilities"
+            return (f"sandboxed (bubblewrap, {who}: no network; only system folders, the grader "
+                    f"and the submission's own folders visible; its folder read-only)")
         return f"NOT SANDBOXED: {self.reason}"
+
+
+def _parents(dest: str, scratch: tuple[str, ...], bound: list[str], made: set[str]) -> list[str]:
+    """bwrap arguments that create `dest`'s missing parent folders traversable (0755): bwrap would
+    copy the host's modes, and a 0700 parent (a root-owned temporary folder) locks nobody out.
+    Parents that are mounts, or inside an earlier bind, exist already and are left alone."""
+    args = []
+    parts = Path(dest).parts
+    for i in range(2, len(parts)):
+        parent = str(Path(*parts[:i]))
+        if parent in scratch or parent in made or any(
+                parent == b or parent.startswith(b + os.sep) for b in bound):
+            continue
+        args += ["--perms", "0755", "--dir", parent]
+        made.add(parent)
+    return args
 
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
+import os
 import re
+import unicodedata
 from pathlib import Path
 
 CUDA_FILE = "submission.cu"
@@ -36,8 +39,54 @@ class Submission:
 
     @property
     def module_name(self) -> str:
-        """A Python identifier unique to this submission, for the extension module."""
-        return "sub_" + re.sub(r"\W", "_", self.id)
+        """An ASCII Python identifier unique to this submission (its extension module and its
+        build folder): a readable part, and a hash of the exact id, so ids that differ only in
+        punctuation, case or accents never share one, and any Unicode id builds."""
+        readable = unicodedata.normalize("NFKD", self.id).encode("ascii", "ignore").decode()
+        readable = re.sub(r"[^A-Za-z0-9]+", "_", readable).strip("_")[:40]
+        digest = hashlib.sha256(self.id.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        prefix = "ref" if self.role is Role.BASELINE else "sub"
+        return f"{prefix}_{readable}_{digest}" if readable else f"{prefix}_{digest}"
+
+    @property
+    def build_namespace(self) -> str:
+        """Students' builds and the reference's never share a folder, whatever the id."""
+        return "reference" if self.role is Role.BASELINE else "students"
+
+
+FILE_MARK = "\x1e"   # a line "FILE_MARK<name>" starts each file in read_sources' text
+SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".hpp", ".cpp", ".cc", ".c")
+SOURCE_LIMITS = dict(files=200, file_bytes=1 << 20, total_bytes=8 << 20)
+
+
+def read_sources(folder: Path) -> str:
+    """Every source file of a submission's folder (where its kernels' names are defined), read
+    before any of its code runs, within limits: regular files with a source suffix, at most 200
+    of them, 1 MiB each and 8 MiB in all, symbolic links not followed. A sparse multi-GiB file is
+    skipped by its size, never read."""
+    texts, total = [], 0
+    walked = 0
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            walked += 1
+            if walked > 10 * SOURCE_LIMITS["files"] or len(texts) >= SOURCE_LIMITS["files"]:
+                return "\n".join(texts)
+            path = Path(root) / name
+            if not name.endswith(SOURCE_SUFFIXES) or path.is_symlink():
+                continue
+            try:
+                size = path.stat().st_size
+                if size > SOURCE_LIMITS["file_bytes"] or total + size > SOURCE_LIMITS["total_bytes"]:
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read(SOURCE_LIMITS["file_bytes"])
+            except OSError:
+                continue
+            total += len(data)
+            texts.append(FILE_MARK + str(path.relative_to(folder)) + "\n"
+                         + data.decode("utf-8", errors="replace"))
+    return "\n".join(texts)
 
 
 def inspect_folder(path: Path, *, role: Role = Role.STUDENT, id: str | None = None) -> Submission:

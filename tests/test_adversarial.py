@@ -29,10 +29,20 @@ LIMITS = dict(GRADER_RUN_S="30", GRADER_BUILD_S="45", GRADER_IMPORT_S="60", GRAD
 def test_every_threat_has_a_python_and_a_cuda_submission():
     threats: dict[int, set[str]] = {}
     for name in names():
-        threats.setdefault(EXPECTED[name]["threat"], set()).add(name.rsplit("_", 1)[-1])
+        if "threat" in EXPECTED[name]:
+            threats.setdefault(EXPECTED[name]["threat"], set()).add(name.rsplit("_", 1)[-1])
     assert set(threats) == set(range(1, 9))
     both = {t for t, forms in threats.items() if forms == {"py", "cu"}}
     assert both == {1, 2, 3, 5, 6, 7, 8}, threats   # tampering with the harness (4) is Python's
+
+
+def test_every_trust_boundary_class_has_an_attack_and_the_twins_exist():
+    classes = {EXPECTED[n]["trust"] for n in names() if "trust" in EXPECTED[n]}
+    assert classes >= {"profiler", "lazy output", "grader state", "helper process", "compiler",
+                       "side stream", "precision", "honest twin"}
+    for name in names():
+        twin = EXPECTED[name].get("same_time_as")
+        assert twin is None or twin in EXPECTED
 
 
 def test_assembled_submissions_are_standalone(tmp_path):
@@ -104,9 +114,18 @@ def test_adversarial_on_the_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_verdicts(results, {n: EXPECTED[n]["gpu"] for n in names()} | {"honest_triton": ["pass"]})
     check_common(results, tmp_path / "results")
-    honest = results["honest_triton"]["timing"]["median_ms"]
-    tampered = results["tamper_timer_py"]["timing"]["median_ms"]
-    assert 0.8 * honest < tampered < 1.25 * honest   # timed honestly despite its patches
-    assert "two clocks disagree" in results["side_stream_cu"]["message"]
+    check_same_times(results)
     assert "returned a wrong output" in results["cache_by_ptr_py"]["message"]
     assert "flash" in results["lib_timed_only_py"]["message"].lower()
+    assert "unaccounted for" in results["lib_timed_only_py"]["message"]
+    assert "held a CUDA context" in results["helper_gpu_py"]["message"]
+    assert "precision budget" in results["lowprec_py"]["message"]
+
+
+def check_same_times(results: dict) -> None:
+    """A cheat whose trick the design makes useless is timed as its honest twin (within 5%)."""
+    for name in names():
+        twin = EXPECTED[name].get("same_time_as")
+        if twin:
+            mine, theirs = (results[n]["timing"]["median_ms"] for n in (name, twin))
+            assert abs(mine / theirs - 1) < 0.05, (name, mine, twin, theirs)

@@ -1,7 +1,10 @@
 """The leaderboard page in a real browser: headless Chromium (Debian's) driven by Playwright.
 
-It must sort, fetch nothing from the network, and show an injected name as text. CI installs
-both (.ci/run) and sets REQUIRE_BROWSER=1, so there the test fails rather than skips.
+It must sort, fetch nothing from the network, and show an injected name as text; and with 300
+students it must read on a projector (1024 px: the key columns without scrolling sideways) and
+on a phone (400 px: every row a card with its time and score). CI installs both (.ci/run) and
+sets REQUIRE_BROWSER=1, so there the tests fail rather than skip. With SAVE_SCREENSHOTS=1 the
+three screenshots are also written to docs/ (the README shows them).
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from grader.policy import Policy
 from grader.report import write_reports
 from grader.results import read_results, write_result
 
+from .big_class import make_class
+
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu_run"
+DOCS = Path(__file__).parent.parent / "docs"
+KEY_COLUMNS = ["#", "submission", "status", "cases", "median ms", "speedup", "score"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 EVIL = "<img src=x onerror=alert(1)>"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -66,7 +73,7 @@ def test_page_sorts_fetches_nothing_and_escapes(page_file, tmp_path):
 
         def column(header: str) -> list[str]:
             index = page.eval_on_selector_all("#board thead th", "(ths, h) => ths.findIndex(t => t.textContent.trim().startsWith(h))", header)
-            return page.eval_on_selector_all("#board tbody tr", "(rows, i) => rows.map(r => r.cells[i].dataset.sort)", index)
+            return page.eval_on_selector_all("#board tbody tr.main", "(rows, i) => rows.map(r => r.cells[i].dataset.sort)", index)
 
         page.click("#board thead th:has-text('median ms') button")
         times = [float(x) for x in column("median ms")]
@@ -91,3 +98,94 @@ def test_fixtures_are_a_real_gpu_run():
     statuses = {r.id: r.status.value for r in read_results(FIXTURES)}
     assert {"pass", "mismatch", "build_error", "runtime_error"} <= set(statuses.values())
     assert {"torch_reference", "sdpa_flash", "solution"} <= set(statuses)
+
+
+@pytest.fixture(scope="module")
+def big_class(tmp_path_factory) -> dict[str, Path]:
+    """Both pages of a 300-student class."""
+    out = make_class(tmp_path_factory.mktemp("class") / "results")
+    paths = write_reports(out, policy=Policy(pseudonym_salt="browser-test"))
+    return dict(instructors=paths["leaderboard"], students=paths["students"])
+
+
+def _open(p, path: Path, width: int, height: int):
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": width, "height": height})
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(path.as_uri())
+    page.wait_for_load_state("load")
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
+    return browser, page
+
+
+def _no_sideways_scroll(page) -> None:
+    sizes = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert sizes[0] <= sizes[1], f"the page scrolls sideways: {sizes[0]} px wide in {sizes[1]} px"
+
+
+def _save(page, tmp_path: Path, name: str) -> None:
+    shot = tmp_path / name
+    page.screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("SAVE_SCREENSHOTS") == "1":
+        shutil.copyfile(shot, DOCS / name)
+
+
+@pytest.mark.parametrize("width", [1024, 1400])
+def test_key_columns_fit_a_projector(big_class, tmp_path, width):
+    sync_playwright = _browser_or_skip()
+    with sync_playwright() as p:
+        browser, page = _open(p, big_class["instructors"], width, 768 if width == 1024 else 900)
+        _no_sideways_scroll(page)
+        headers = page.eval_on_selector_all(
+            "#board thead th", "ths => ths.map(t => [t.textContent.trim(), t.getBoundingClientRect().left, t.getBoundingClientRect().right])")
+        assert [h[0] for h in headers] == KEY_COLUMNS
+        assert all(0 <= left and right <= width for _, left, right in headers), headers
+        assert page.evaluate("() => document.querySelectorAll('#board tbody.student').length") == 300
+        chart = page.eval_on_selector("#chart", "e => e.getBoundingClientRect().height")
+        assert chart < 700, f"the chart is {chart} px tall"
+        counts = page.inner_text("#counts")
+        assert counts.startswith("300 submissions:") and "pass" in counts
+        # the details of a row open in place, under it
+        page.click("#board tbody.student >> nth=0 >> summary")
+        assert page.is_visible("#board tbody.student >> nth=0 >> dl")
+        page.click("#board tbody.student >> nth=0 >> summary")
+        # the projector's screenshot shows the ranking; the wide one the top of the page
+        page.evaluate("() => window.scrollTo(0, 0)" if width > 1024 else
+                      "() => document.querySelector('#board').scrollIntoView()")
+        _save(page, tmp_path, f"leaderboard-{width}.png")
+        browser.close()
+
+
+@pytest.mark.parametrize("which", ["instructors", "students"])
+def test_every_row_is_a_card_with_time_and_score_on_a_phone(big_class, tmp_path, which):
+    sync_playwright = _browser_or_skip()
+    with sync_playwright() as p:
+        browser, page = _open(p, big_class[which], 400, 850)
+        _no_sideways_scroll(page)
+        assert not page.is_visible("#board thead")
+        wanted = ["td.time"] + (["td.score"] if which == "instructors" else [])
+        cards = page.eval_on_selector_all("#board tbody.student", """(bodies, wanted) => bodies.map(b => {
+            const card = b.getBoundingClientRect();
+            return wanted.map(sel => {
+                const cell = b.querySelector(sel), r = cell.getBoundingClientRect();
+                return [sel, cell.innerText.trim(), r.width > 0 && r.height > 0 && r.left >= card.left && r.right <= card.right && r.right <= 400];
+            });
+        })""", wanted)
+        assert len(cards) == 300
+        for card in cards:
+            for sel, text, shown in card:
+                assert shown and text, (sel, text)
+        times = [card[0][1] for card in cards]
+        assert any(t.startswith("median") and t.endswith("ms") for t in times)
+        if which == "instructors":
+            assert all(card[1][1].startswith("score") for card in cards)
+        heights = page.eval_on_selector_all("#board tbody.student tr.main", "rows => rows.map(r => r.getBoundingClientRect().height)")
+        assert max(heights) < 140, max(heights)
+        font = page.eval_on_selector("#chart text", "t => t.getBoundingClientRect().height")
+        assert font >= 7, f"the chart's text is {font} px tall on a phone"
+        if which == "instructors":
+            page.eval_on_selector("#board", "e => e.scrollIntoView()")
+            _save(page, tmp_path, "leaderboard-400.png")
+        browser.close()

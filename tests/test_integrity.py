@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from grader.integrity import (classify_launched, clocks_disagree, kernel_base_name,
-                              own_kernel_names, static_evidence)
+from grader.integrity import (PEAK_MARGIN, classify_launched, kernel_base_name,
+                              own_kernel_names, static_evidence, tampering_lines, timing_findings)
+from grader.timing import TimingStats
 
 SOURCE = """
 template <int D, int WG>
@@ -65,7 +66,86 @@ def test_static_evidence_names_lines_but_skips_comments():
                                        "line 3: x = F.softmax(s, -1)"]
 
 
-def test_two_clocks_agree_within_half_a_millisecond_and_five_percent():
-    assert clocks_disagree(20.0, 21.4) is None               # 1.4 ms gap, 1.5 ms allowed
-    assert "two clocks disagree" in clocks_disagree(20.0, 21.6)
-    assert "two clocks disagree" in clocks_disagree(0.06, 17.3)   # work on a private stream
+OWN = ("void attention_kernel5<128, 2>(__half const*)", 100, 1_700_000.0)
+COPY = ("Memcpy DtoD (Device -> Device)", 100, 35_000.0)
+CUDNN = ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", 100, 1_400_000.0)
+FLOPS = 4 * 4 * 64 * 8192 ** 2 * 128
+
+
+def stats(median=18.0, raw_mean=19.2, protocol=1.1, wall=None, fence=None, launched=(OWN, COPY)):
+    wall = wall if wall is not None else raw_mean - 0.3
+    return TimingStats(n=100, median_ms=median, mean_ms=median, min_ms=median, std_ms=0.1,
+                       rse=0.001, tflops=FLOPS / median / 1e9, warmup_calls=2, budget_s=15,
+                       stopped_by="rse", wall_s=3.0, wall_median_ms=wall,
+                       fence_median_ms=fence if fence is not None else wall + 0.3,
+                       raw_mean_ms=raw_mean, protocol_ms=protocol, rtt_ms=0.04,
+                       launched=tuple(launched))
+
+
+def judged(st, record=None, peak=741.0, library_allowed=False):
+    return timing_findings(record or {}, st, {"attention_kernel5"}, flops=FLOPS, peak_tflops=peak,
+                           library_allowed=library_allowed)
+
+
+def test_an_honest_kernel_whose_kernels_explain_the_time_stands():
+    assert judged(stats()) == []
+
+
+def test_time_no_observed_kernel_explains_is_flagged_with_the_numbers():
+    # the profiler was paused around a library call: its 14 ms are in the clock, not in the trace
+    [finding] = judged(stats(raw_mean=33.2, median=32.0))
+    assert finding.status == "flagged" and "GPU time unaccounted for" in finding.message
+    assert "32.100 ms per timed call" in finding.message and "17.350 ms" in finding.message
+    # the library's kernels count only in a calibration run (library calls allowed)
+    assert judged(stats(raw_mean=33.2, median=32.0, launched=(OWN, COPY, CUDNN)),
+                  library_allowed=True) == []
+    assert judged(stats(raw_mean=33.2, median=32.0, launched=(OWN, COPY, CUDNN)))
+
+
+def test_a_call_that_launched_nothing_is_questioned():
+    [finding] = judged(stats(launched=()))
+    assert "no GPU kernel was observed" in finding.message
+
+
+def test_a_median_beyond_the_matmul_peak_is_not_physically_possible():
+    fast = FLOPS / (PEAK_MARGIN * 741.0 * 1e12) * 1e3 * 0.9     # ms, 10% past the bound
+    st = stats(median=fast, raw_mean=fast + 1.1, launched=((OWN[0], 100, fast * 1e5), COPY))
+    findings = judged(st)
+    assert any("not physically possible" in f.message for f in findings)
+    assert not any("physically" in f.message for f in judged(stats()))
+
+
+def test_a_reply_before_the_gpu_work_is_done_shows_in_the_gpu_clock():
+    [finding] = judged(stats(wall=17.0, fence=19.1))
+    assert "reply came before its GPU work was done" in finding.message
+
+
+def test_wrong_timed_outputs_helpers_and_precision_are_findings():
+    from grader.compare import Finding
+    budget = Finding(ok=False, numel=10, mismatches=0, nan_count=0, inf_count=0,
+                     max_abs_error=0.009, max_rel_error=0.01, rtol=0.01, atol=0.01,
+                     plain_error=0.0004, precision_factor=3.0, precision_floor=0.002)
+    record = dict(verify=dict(checked=100, wrong=4, first_wrong_call=6, first_wrong="12 of 99 ..."),
+                  spots=[dict(call=3, finding=budget.to_dict())], helpers=[{}, dict(pids=[40, 41])])
+    findings = judged(stats(), record)
+    statuses = [f.status for f in findings]
+    text = "\n".join(f.message for f in findings)
+    assert statuses.count("flagged") == 2 and "mismatch" in statuses
+    assert "timed call 7 returned a wrong output (4 of 100" in text
+    assert "held a CUDA context" in text and "[40, 41]" in text
+    assert "precision budget" in text and "fp8" in text
+
+
+def test_tampering_apis_are_named_by_line_and_comments_are_skipped():
+    source = ("import torch\n# torch.profiler is mentioned in a comment\n"
+              "torch.profiler._utils.x = 1\nimport gc; objs = gc.get_objects()\n"
+              "f = sys._getframe(1).f_back\nfn = torch.compile(attention)\n"
+              "at::cuda::CUDAStream s; cudaIpcGetMemHandle(&h, p);\n")
+    hits = tampering_lines(source)
+    assert [h.split(":")[0] for h in hits] == ["line 3", "line 4", "line 5", "line 6", "line 7"]
+    # honest sources have none
+    from pathlib import Path
+    for path in ["examples/triton_flash/submission.py", "examples/naive_cuda/submission.cu",
+                 "examples/tiled_cuda/submission.cu", "solution/submission.cu",
+                 "student/submission.cu", "student/triton/submission.py"]:
+        assert tampering_lines(Path(path).read_text()) == [], path

@@ -1,4 +1,5 @@
 import csv
+import re
 import dataclasses
 import io
 import json
@@ -90,11 +91,14 @@ def test_student_page_view_hides_solution_ids_and_hidden_shapes():
 
 def test_grades_csv_has_one_row_per_student():
     rows = [r for r in build_rows(results(), run=RUN, policy=POLICY) if r.result.role == "student"]
-    data = list(csv.DictReader(io.StringIO(grades_csv(rows, RUN))))
+    data = list(csv.DictReader(io.StringIO(grades_csv(rows, RUN, POLICY))))
     assert list(data[0]) == GRADES_COLUMNS
     assert [d["submission"] for d in data] == ["fast", "slow", "broken"]
-    assert data[0]["rank"] == "1" and data[0]["median_ms"] == "2.0000" and data[0]["max_score"] == "45"
+    assert data[0]["rank"] == "1" and data[0]["median_ms"] == "2.0000" and data[0]["max_score"] == "45.00"
     assert (data[2]["public_passed"], data[2]["public_total"], data[2]["hidden_passed"]) == ("0", "1", "1")
+    # one format per column: every score has two decimals, whether it is whole or not
+    assert all(re.fullmatch(r"\d+\.\d\d", d["score"]) for d in data)
+    assert data[0]["pseudonym"] == POLICY.pseudonym("fast")
 
 
 def test_gradescope_results_follow_the_autograder_schema():
@@ -107,8 +111,11 @@ def test_gradescope_results_follow_the_autograder_schema():
         assert set(t) >= {"name", "score", "max_score", "output", "visibility"}
         assert t["visibility"] in {"visible", "hidden", "after_due_date", "after_published"}
         assert 0 <= t["score"] <= t["max_score"]
-    hidden = [t for t in doc["tests"] if "(hidden)" in t["name"]]
+    hidden = [t for t in doc["tests"] if t["name"].startswith("hidden case")]
     assert hidden and all(t["visibility"] == "after_published" for t in hidden)
+    # the total is hidden until publication because a test with points is after_published
+    perf = next(t for t in doc["tests"] if t["name"].startswith("performance"))
+    assert perf["visibility"] == "after_published" and "b1_h1_s1_d64" not in json.dumps(doc)
     assert doc["leaderboard"][0] == {"name": "median ms", "value": 2.0, "order": "asc"}
     assert "leaderboard" not in gradescope_results(rows["broken"], RUN, POLICY)
 
@@ -159,5 +166,26 @@ def test_chart_and_text_table():
     widths = {b["name"]: b["w"] for b in c["bars"]}
     assert widths["sdpa_flash"] < widths["fast"] < widths["slow"]
     table = text_table(rows)
-    assert table.count("\n") == 2 + 6 - 1 and "5.00x" in table
+    assert "5.00x" in table
+    assert table.splitlines()[-1] == "3 submissions: 1 mismatch · 2 pass"
     assert chart([r for r in rows if not r.result.timing]) is None
+
+
+def test_text_table_wraps_verdicts_at_words_and_never_cuts_them():
+    long = "mismatch on case b1_h1_s2_d64: " + " ".join(f"word{i}" for i in range(40))
+    rows = build_rows([dataclasses.replace(sample("zed"), message=long)], run=RUN, policy=POLICY)
+    table = text_table(rows, width=130)
+    verdict_col = table.splitlines()[0].index("verdict")
+    body = [line for line in table.splitlines()[2:] if line.strip() and "submission:" not in line]
+    assert len(body) > 1 and all(len(line) <= 130 for line in body)
+    assert " ".join(line[verdict_col:].strip() for line in body) == long
+
+
+def test_chart_stays_one_screen_tall_for_a_big_class():
+    many = [sample(f"s{i:03d}", Status.PASS, timing=timing(2.0 + i * 0.1)) for i in range(300)]
+    rows = build_rows(many + results()[3:], run=RUN, policy=POLICY)
+    c = chart(rows)
+    students = [b for b in c["bars"] if not b["baseline"]]
+    assert len(students) == 15 and len(c["bars"]) == 15 + 3
+    assert sum(h["n"] for h in c["histogram"]) == 300
+    assert c["height"] < 700

@@ -1,7 +1,9 @@
 """Adversarial, threat 4: replaces the timer, the synchronize, the comparison and the
-reference before it is ever called, then computes honestly. Must be timed honestly (pass, at
-the honest kernel's speed): the grader captured its clocks before importing this, and compares
-in another process."""
+reference in its own process, then computes honestly. None of them is used to judge it: the
+clock, the comparison and the reference live in other processes. Replacing the synchronize
+makes the subject reply before its GPU work is done: on a GPU the harness reads O when the reply
+comes, finds it unfinished (mismatch, or flagged on a timed call), and its GPU clock counts the
+rest. It never ranks."""
 import time
 
 import torch

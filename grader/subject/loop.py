@@ -1,0 +1,256 @@
+"""The subject: the only process that imports a submission. It runs what it is told and reports.
+
+    python grader/subject/loop.py --setup JSON          (started by grader/harness.py)
+    python grader/subject/loop.py --check-load TARGET_JSON   (the build stage's import check)
+
+The harness starts it with two pipes and four shared buffers (Q, K, V, O) as inherited file
+descriptors. After loading the submission it answers each request, one JSON line each way:
+
+    {"op": "call", "n": 7, "shape": [B, H, S, D], "profile": true}
+        -> {"event": "done", "n": 7, "returned": {...}, "launched": [...]}
+         | {"event": "error", "n": 7, "error": "ValueError", "message": ..., "context_alive": true}
+    {"op": "profile", "on": true}  /  {"op": "profile", "on": false} -> {"event": "profile", "kernels": [...]}
+    {"op": "ping", "n": 8} -> {"event": "pong", "n": 8}
+    {"op": "exit"}
+
+A call reads Q, K, V from the shared buffers, calls the submission, copies what it returned into
+the shared O, synchronizes the device and replies. The harness times it with its own clock, reads
+O itself, and treats every reply as a claim: this process decides nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from grader.shared_memory import map_buffer
+
+ENTRY_POINT = "flash_attention_forward"   # CUDA submissions (CS149)
+PY_ENTRY_POINT = "custom_kernel"          # Python submissions (GPU MODE)
+
+
+class LoadError(Exception):
+    """The submission could not be loaded: the message is for the student."""
+
+
+def load_extension(path: str, name: str):
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None:
+        raise LoadError(f"cannot load the built extension {path}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    fn = getattr(module, ENTRY_POINT, None)
+    if fn is None:
+        raise LoadError(f"the extension does not export {ENTRY_POINT}")
+    return fn
+
+
+def load_python(source: str):
+    source_path = Path(source).resolve()
+    sys.path.insert(0, str(source_path.parent))
+    spec = importlib.util.spec_from_file_location("submission", str(source_path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["submission"] = module
+    spec.loader.exec_module(module)
+    kernel = getattr(module, PY_ENTRY_POINT, None)
+    if kernel is None:
+        raise LoadError(f"{source_path.name} does not define {PY_ENTRY_POINT}(data); the grader "
+                        f"calls {PY_ENTRY_POINT}((Q, K, V)) and expects O back.")
+    if not callable(kernel):
+        raise LoadError(f"{PY_ENTRY_POINT} in {source_path.name} is not a function.")
+    return lambda q, k, v: kernel((q, k, v))
+
+
+def load_builtin(name: str):
+    path = Path(__file__).with_name("baselines.py")
+    spec = importlib.util.spec_from_file_location("_grader_baselines", str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FUNCTIONS[name]
+
+
+def load(target: dict):
+    if target["kind"] == "cuda":
+        return load_extension(target["artifact"], target["module_name"])
+    if target["kind"] == "python":
+        return load_python(target["source"])
+    return load_builtin(target["name"])
+
+
+def _error(e: BaseException, limit: int = 8) -> dict:
+    return dict(error=type(e).__name__, message=str(e)[:4000],
+                traceback=traceback.format_exc(limit=limit)[-6000:])
+
+
+def launched_names(prof, device: str) -> list[list]:
+    """[name, count, total GPU µs] of the kernels (GPU) or aten operators (CPU) a profiler saw."""
+    totals: dict[str, list] = {}
+    for event in prof.events():
+        on_gpu = getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
+        if (device == "cuda" and on_gpu) or (device != "cuda" and not on_gpu
+                                             and event.name.startswith("aten::")):
+            entry = totals.setdefault(event.name[:300], [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.time_range.elapsed_us() if on_gpu else 0.0
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:200]
+    return [[name, count, round(us, 3)] for name, (count, us) in ranked]
+
+
+class Subject:
+    def __init__(self, setup: dict):
+        self.device = setup["device"]
+        self.requests = os.fdopen(setup["requests_fd"], "r", buffering=1)
+        self.replies = os.fdopen(setup["replies_fd"], "w", buffering=1)
+        self.buffers = {name: map_buffer(fd, nbytes, self.device)
+                        for name, (fd, nbytes) in setup["buffers"].items()}
+        self.fn = None
+        self.profiler = None
+
+    def reply(self, record: dict) -> None:
+        self.replies.write(json.dumps(record) + "\n")
+        self.replies.flush()
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def context_alive(self) -> bool:
+        try:
+            self.synchronize()
+            return True
+        except Exception:
+            return False
+
+    def call(self, request: dict) -> dict:
+        shape = tuple(request["shape"])
+        q, k, v, o = (self.buffers[name].view(shape) for name in "qkvo")
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        received = time.perf_counter()
+        profiler = None
+        if request.get("profile"):
+            from torch.profiler import ProfilerActivity, profile
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
+            profiler = profile(activities=activities)
+            profiler.__enter__()
+        try:
+            out = self.fn(q, k, v)
+            returned = describe(out, shape)
+            if returned["usable"]:
+                o.copy_(out)
+            self.synchronize()
+        finally:
+            if profiler is not None:
+                profiler.__exit__(None, None, None)
+        peak = torch.cuda.max_memory_allocated() if self.device == "cuda" else 0
+        # Diagnostics only (this process's own clock, never used to rank): the call's host time.
+        return dict(event="done", returned=returned, peak_memory_bytes=peak,
+                    subject_ms=(time.perf_counter() - received) * 1e3,
+                    launched=launched_names(profiler, self.device) if profiler else [])
+
+    def profile(self, on: bool) -> dict:
+        from torch.profiler import ProfilerActivity, profile
+        if on:
+            activities = [ProfilerActivity.CUDA] if self.device == "cuda" else [ProfilerActivity.CPU]
+            self.profiler = profile(activities=activities, acc_events=True)
+            self.profiler.__enter__()
+            return dict(event="profile", on=True)
+        kernels = []
+        if self.profiler is not None:
+            self.profiler.__exit__(None, None, None)
+            kernels = launched_names(self.profiler, self.device)
+            self.profiler = None
+        return dict(event="profile", on=False, kernels=kernels)
+
+    def lines(self):
+        """Requests, one line each. On a GPU they are polled, not waited for: waking from a sleep
+        costs a few hundred microseconds on a virtual machine, and every timed call pays it."""
+        if self.device != "cuda":
+            yield from self.requests
+            return
+        fd, pending = self.requests.fileno(), b""
+        os.set_blocking(fd, False)
+        while True:
+            line, sep, rest = pending.partition(b"\n")
+            if sep:
+                pending = rest
+                yield line.decode()
+                continue
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return
+            pending += chunk
+
+    def serve(self) -> None:
+        for line in self.lines():
+            request = json.loads(line)
+            op, n = request["op"], request.get("n")
+            if op == "exit":
+                return
+            if op == "ping":
+                self.reply(dict(event="pong", n=n))
+                continue
+            if op == "profile":
+                self.reply(dict(self.profile(request["on"]), n=n))
+                continue
+            try:
+                record = self.call(request)
+            except Exception as e:   # the submission's fault: reported, then the next request
+                record = dict(event="error", context_alive=self.context_alive(), **_error(e))
+            self.reply(dict(record, n=n))
+
+
+def describe(out, shape: tuple[int, ...]) -> dict:
+    """What the call returned, and whether it can be copied into O (a tensor of Q's shape)."""
+    if not isinstance(out, torch.Tensor):
+        return dict(usable=False, type=type(out).__name__)
+    return dict(usable=tuple(out.shape) == shape, type="Tensor", shape=list(out.shape),
+                dtype=str(out.dtype).removeprefix("torch."), device=str(out.device))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="grader/subject/loop.py")
+    p.add_argument("--setup", help="JSON from the harness: device, pipes, buffers, target")
+    p.add_argument("--check-load", help="JSON target: load it, report, exit (the build stage)")
+    a = p.parse_args(argv)
+    if a.check_load:
+        target = json.loads(a.check_load)
+        try:
+            load(target)
+        except LoadError as e:   # the grader's own finding: no traceback through grader code
+            print(f"LoadError: {e}")
+            sys.exit(1)
+        print(f"imported {target.get('source')}: {PY_ENTRY_POINT} found")
+        sys.stdout.flush()
+        os._exit(0)
+    setup = json.loads(a.setup)
+    subject = Subject(setup)
+    try:
+        subject.fn = load(setup["target"])
+    except BaseException as e:   # SystemExit and KeyboardInterrupt from a submission included
+        subject.reply(dict(event="load_error", **_error(e)))
+        sys.stdout.flush()
+        os._exit(0)
+    subject.reply(dict(event="ready"))
+    subject.serve()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a broken extension can crash in its destructors after the work.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

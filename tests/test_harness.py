@@ -1,0 +1,116 @@
+"""The trusted harness driving a subject on the CPU: per-case records, deaths pinned to their
+case, deadlines, and a subject that writes on the grader's pipe (no sandbox needed here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import torch
+
+from grader import harness
+from grader.cases import Case
+from grader.pipeline import SUBJECT
+from grader.procs import child_env
+from grader.text import clean
+
+CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
+
+
+def run(tmp_path, source: str, deadline_s: float = 60) -> dict:
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "submission.py").write_text(textwrap.dedent(source))
+    spec = dict(mode="run", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
+                subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
+                tail_bytes=4096, file_bytes=1 << 30, deadline_s=deadline_s, out_dir=str(tmp_path),
+                env=child_env(cuda=False), cases=[c.to_dict() for c in CASES])
+    return harness.run_cases(spec)
+
+
+def statuses(result: dict) -> list[str]:
+    return [result["cases"][c.id]["status"] for c in CASES]
+
+
+def test_outputs_are_read_by_the_harness_and_death_is_pinned_to_its_case(tmp_path):
+    result = run(tmp_path, """
+        import os, torch
+        def custom_kernel(data):
+            q, k, v = data
+            if q.shape[2] == 9:
+                os._exit(7)
+            return v.clone()
+    """)
+    assert statuses(result) == ["pass", "pass", "runtime_error"]
+    assert "exited with code 7" in result["cases"][CASES[2].id]["message"]
+    saved = torch.load(tmp_path / f"{CASES[1].id}.pt")
+    assert saved.shape == CASES[1].shape and saved.dtype == torch.float16
+
+
+def test_an_error_is_that_case_s_and_the_next_case_still_runs(tmp_path):
+    result = run(tmp_path, """
+        def custom_kernel(data):
+            if data[0].shape[2] == 7:
+                raise ValueError("not finished")
+            return data[0][..., :32]
+    """)
+    assert statuses(result) == ["pass", "runtime_error", "pass"]
+    assert "ValueError: not finished" in result["cases"][CASES[1].id]["message"]
+    assert "expected (1, 2, 1, 64)" in result["cases"][CASES[0].id]["problem"]
+
+
+def test_a_hang_ends_at_the_deadline_and_the_rest_are_not_run(tmp_path):
+    result = run(tmp_path, """
+        import time
+        def custom_kernel(data):
+            time.sleep(600)
+    """, deadline_s=15)
+    assert statuses(result) == ["timeout", "runtime_error", "runtime_error"]
+    assert "not run: the process ended during case" in result["cases"][CASES[2].id]["message"]
+
+
+def test_writing_on_the_grader_s_pipe_is_a_protocol_violation_not_a_result(tmp_path):
+    # A forged "done" for a call that has not happened yet, then a real call.
+    result = run(tmp_path, """
+        import json, os, sys
+        setup = json.loads(sys.argv[sys.argv.index("--setup") + 1])
+        os.write(setup["replies_fd"], b'{"event": "done", "n": 99, "returned": {}}\\n')
+        def custom_kernel(data):
+            return data[2].clone()
+    """)
+    assert statuses(result)[0] == "runtime_error"
+    assert "broke the protocol" in result["cases"][CASES[0].id]["message"]
+
+
+def test_a_load_error_is_the_first_case_s_verdict(tmp_path):
+    result = run(tmp_path, "raise SystemExit(3)\n")
+    assert statuses(result) == ["runtime_error"] * 3
+    assert "SystemExit" in result["cases"][CASES[0].id]["message"]
+    assert "did not load" in result["cases"][CASES[1].id]["message"]
+
+
+def test_reported_kernel_names_are_cleaned_and_bounded():
+    raw = [["\x1b[2Jevil\nname", 3, 12.5], ["ok", -1, -4], "junk", ["x"]] + [["k", 1, 1.0]] * 300
+    cleaned = harness._launched(raw)
+    assert cleaned[0] == [clean("\x1b[2Jevil\nname").replace("\n", " "), 3, 12.5]
+    assert cleaned[1] == ["ok", 0, 0.0] and len(cleaned) == 200
+
+
+def test_output_problem_names_type_shape_and_dtype():
+    case = CASES[1]
+    assert "returned NoneType" in harness.output_problem({"type": "NoneType"}, case)
+    assert "shape (1, 2, 7, 32)" in harness.output_problem(
+        {"type": "Tensor", "shape": [1, 2, 7, 32], "dtype": "float16"}, case)
+    assert "torch.float32" in harness.output_problem(
+        {"type": "Tensor", "shape": list(case.shape), "dtype": "float32"}, case)
+    assert harness.output_problem({"type": "Tensor", "shape": list(case.shape), "dtype": "float16"}, case) == ""
+
+
+def test_corrected_times_take_the_later_clock_less_the_protocol():
+    assert harness.corrected([10.0, 12.0], [10.5, 11.0], 1.0) == [9.5, 11.0]
+
+
+def test_the_harness_result_is_json(tmp_path):
+    result = run(tmp_path, "def custom_kernel(data):\n    return data[2].clone()\n")
+    json.dumps(result)
