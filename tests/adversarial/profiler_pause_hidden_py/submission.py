@@ -1,7 +1,8 @@
 """Adversarial, issue 10 (profiler, hidden from a source scan): the same pause through names
 built at run time. On a GPU it must be flagged: the harness's clock sees cuDNN's time, the
-profiler does not, so the GPU time is unaccounted for. Without a GPU nothing is timed or ranked
-and the output is right: pass."""
+profiler does not, so the GPU time is unaccounted for (in the H100 run it crashed the subject
+inside Kineto: runtime_error). It pauses GPU activity only, so without a GPU the profiler still
+lists SDPA's aten operator: flagged."""
 import torch
 import torch.nn.functional as F
 
