@@ -1,35 +1,50 @@
 # FlashAttention assignment kit. Verbs are targets; knobs are variables:
-#   make grade SUBMISSIONS=path/to/folders RESULTS=results
+#   make grade SUBMISSIONS=path/to/folders-or-drop.zip RESULTS=results ROSTER=roster.csv
 #   make check SUBMISSION=student
 #   make test | make test-gpu | make bench | make adversarial | make timing-trust
-#   make release | make clean
+#   make release | make clean (keeps results/) | make clean-results (deletes them)
 SHELL := /bin/sh
 PYTHON_BASE ?= python3
 TORCH_SPEC ?= torch==2.13.0
+# auto: install where the machine can (Triton: a wheel exists; Playwright: a chromium is installed);
+# 1: required (set-up fails without it); 0: not installed.
+WITH_TRITON ?= auto
+WITH_BROWSER ?= auto
 SUBMISSIONS ?= examples
 SUBMISSION ?= student
 RESULTS ?= results
+ROSTER ?=
+POLICY ?=
 JOBS ?=
 PYTEST_ARGS ?=
 VENV := .venv
 PY := $(VENV)/bin/python
-GRADE_ARGS := --out $(RESULTS) $(if $(JOBS),--jobs $(JOBS))
+GRADE_ARGS := --out $(RESULTS) $(if $(JOBS),--jobs $(JOBS)) $(if $(POLICY),--policy $(POLICY))
+REPORT_ARGS := $(if $(ROSTER),--roster $(ROSTER)) $(if $(POLICY),--policy $(POLICY))
 
-.PHONY: env grade check leaderboard test test-gpu bench adversarial timing-trust perf-table release clean
+# Set-up runs again whenever a knob that changes what it installs changes: the stamp's name is a
+# checksum of their values (and of whether a chromium is installed), so `make test WITH_TRITON=0`
+# after `make test` is a set-up of its own. scripts/bootstrap.sh writes the values into the stamp.
+CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
+KNOBS := base=$(PYTHON_BASE) torch=$(TORCH_SPEC) triton=$(WITH_TRITON) browser=$(WITH_BROWSER) chromium=$(CHROMIUM)
+STAMP := $(VENV)/.ready-$(shell printf '%s' '$(KNOBS)' | cksum | cut -d' ' -f1)
 
-env: $(VENV)/.ready
+.PHONY: env grade check leaderboard test test-gpu bench adversarial timing-trust perf-table release clean clean-results
 
-$(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
-	BASE_PYTHON=$(PYTHON_BASE) TORCH_SPEC=$(TORCH_SPEC) sh scripts/bootstrap.sh
+env: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	BASE_PYTHON='$(PYTHON_BASE)' TORCH_SPEC='$(TORCH_SPEC)' WITH_TRITON='$(WITH_TRITON)' \
+	  WITH_BROWSER='$(WITH_BROWSER)' STAMP='$@' KNOBS='$(KNOBS)' sh scripts/bootstrap.sh
 
 grade: env
-	$(PY) -m grader grade $(SUBMISSIONS) $(GRADE_ARGS)
+	$(PY) -m grader grade $(SUBMISSIONS) $(GRADE_ARGS) $(if $(ROSTER),--roster $(ROSTER))
 
 check: env
-	$(PY) -m grader check $(SUBMISSION)
+	$(PY) -m grader check $(SUBMISSION) $(if $(POLICY),--policy $(POLICY))
 
 leaderboard: env
-	$(PY) -m grader leaderboard --out $(RESULTS)
+	$(PY) -m grader leaderboard --out $(RESULTS) $(REPORT_ARGS)
 
 test: env
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
@@ -60,5 +75,9 @@ perf-table: env
 release: env
 	$(PY) scripts/release.py --out dist
 
+# Keeps results/ (every run's pages and summary, and the grades): deleting them is its own verb.
 clean:
-	rm -rf build results results-adversarial dist $(VENV) .pytest_cache
+	rm -rf build dist $(VENV) .pytest_cache
+
+clean-results:
+	rm -rf $(RESULTS) results-adversarial

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -18,16 +17,20 @@ from . import config
 from .baselines import BASELINES
 from .cases import CaseFileError, largest, load_all_cases
 from .device import detect
+from .exports import NotWritten
 from .feedback import feedback_text
+from .intake import DropError, open_drop
+from .locks import RunLock
 from .pipeline import GpuUnhealthy, GradeContext, grade_all, now
-from .policy import PolicyError, load_policy
+from .policy import POLICY_FILE, PolicyError, load_policy, missing_baselines
 from .progress import Progress
-from .report import RUN_FILE, build_rows, text_table, write_reports
-from .results import read_results, write_json_atomic
+from .report import build_rows, text_table, write_reports
+from .results import RunFileError, read_results, read_run
 from .roster import RosterError, load_roster
+from .runs import LockHeld, RunJournal, RunSession, check_only, previous_run_note
 from .sandbox import Sandbox, SandboxUnavailable, default_layout
 from .status import Status
-from .submission import Role, discover, inspect_folder
+from .submission import Role, inspect_folder
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -43,6 +46,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", action="store_true",
                    help="timing calibration: library calls are allowed and nothing is ranked "
                         "(e.g. a submission that wraps SDPA FLASH, to compare with its baseline row)")
+    _policy(p)
+
+
+def _policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", type=Path, help=f"grading policy (default: {POLICY_FILE.name})")
+
+
+def _load_policy(args):
+    """The policy, checked whole before anything runs; None (and the lines printed) if bad."""
+    try:
+        return load_policy(args.policy or POLICY_FILE, required=args.policy is not None)
+    except PolicyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
 
 
 def _roster(p: argparse.ArgumentParser) -> None:
@@ -61,6 +78,11 @@ def parser() -> argparse.ArgumentParser:
     _common(g)
     g.add_argument("--no-baselines", action="store_true", help="skip the PyTorch baseline rows")
     g.add_argument("--no-solution", action="store_true", help="skip the reference solution row")
+    # Issue 11: a rerun skips what is unchanged (grader/runs.py).
+    g.add_argument("--force", action="store_true",
+                   help="regrade every submission, even those unchanged since their result")
+    g.add_argument("--only", nargs="+", metavar="ID",
+                   help="grade only these submissions (folder names); the others keep their results")
     _roster(g)
     c = sub.add_parser("check", help="grade one submission folder and explain the result")
     c.add_argument("path", type=Path)
@@ -68,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     lb = sub.add_parser("leaderboard", help="re-render the page and exports from result files")
     lb.add_argument("--out", type=Path, default=config.DEFAULT_RESULTS)
     _roster(lb)
+    _policy(lb)
     return p
 
 
@@ -77,15 +100,40 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     except CaseFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        policy = load_policy()
-    except PolicyError as e:
-        print(f"error: {e}", file=sys.stderr)
+    policy = _load_policy(args)
+    if policy is None:
         return 2
     args.build_dir = args.build_dir.resolve()
     device = detect(force_cpu=args.cpu)
     baselines = baselines if device.cuda else []   # PyTorch baselines are timed on a GPU only
+    if args.command == "grade" and device.cuda and not args.calibration:
+        timed = set(baselines) | {s.id for s in subs if s.role is Role.BASELINE}
+        for problem in missing_baselines(policy, timed):
+            print(f"warning: {args.policy or POLICY_FILE}: {problem}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
+    only = getattr(args, "only", None)
+    problem = check_only(only, [s.id for s in subs] + baselines)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    session = RunSession(out, device=device)
+    try:   # one run at a time on a results folder, and on a GPU
+        session.open()
+    except LockHeld as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _grade_run(subs, out=out, args=args, baselines=baselines, quiet=quiet, cases=cases,
+                          policy=policy, device=device, session=session,
+                          only=set(only) if only else None)
+    finally:
+        session.close()
+
+
+def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, cases, policy, device,
+               session: RunSession, only: set[str] | None) -> int:
+    for note in session.notes:
+        print(f"note: {note}", file=sys.stderr)
     try:
         sandbox = Sandbox.probe(**default_layout())
     except SandboxUnavailable as e:
@@ -100,8 +148,12 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
                cases=[dict(id=c.id, hidden=c.hidden, line=c.line(), flops=c.flops) for c in cases],
                timed_case=largest(cases).id, rtol=config.RTOL, atol=config.ATOL,
                precision=dict(factor=policy.precision_factor, floor=policy.precision_floor),
-               limits=vars(config.Limits.from_env()), submissions=[s.id for s in subs])
-    write_json_atomic(out / RUN_FILE, run)
+               limits=vars(config.Limits.from_env()), submissions=[s.id for s in subs],
+               baselines=list(baselines), skipped=getattr(args, "skipped", []))
+    resumed = previous_run_note(out)
+    if resumed:
+        print(f"note: {resumed}", file=sys.stderr)
+    journal = RunJournal(out, run)   # the run file, rewritten as results land
     where = device.name if device.cuda else "no CUDA device (compile checks and CPU runs only)"
     print(f"grading {len(subs)} submission(s) on {where}; {len(cases)} cases; results in {out}",
           file=sys.stderr)
@@ -113,21 +165,33 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     t0 = time.monotonic()
     code = 0
     try:
-        grade_all(subs, ctx, baselines=baselines, build_jobs=args.jobs)
+        grade_all(subs, ctx, baselines=baselines, build_jobs=args.jobs,
+                  force=getattr(args, "force", False), only=only, journal=journal)
     except GpuUnhealthy as e:
         progress.note(f"STOPPED: {e}")
         code = 3
+    except KeyboardInterrupt:   # Ctrl-C, SIGTERM: children killed, finished results on disk
+        code = 130
     finally:
-        progress.close()
         run.update(finished_at=now(), wall_s=round(time.monotonic() - t0, 1))
-        write_json_atomic(out / RUN_FILE, run)
-    paths = write_reports(out, archive=True, roster=getattr(args, "roster", None))
+        journal.finish({0: "finished", 130: "interrupted"}.get(code, "stopped"))
+        progress.close(interrupted=code == 130,
+                       missing=sum(1 for r in read_results(out, run) if r.no_result))
+    paths = write_reports(out, archive=True, roster=getattr(args, "roster", None), policy=policy)
     if not quiet:
         print(text_table(build_rows(read_results(out), run=run)))
-        print(f"\nleaderboard: {paths['leaderboard']}\nfor students: {paths['students']}\n"
-              f"grades:      {paths['grades']}\nresults:     {out}/<submission>.json\n"
-              f"feedback:    {paths['feedback']}/<submission>.md\ngradescope:  {paths['gradescope']}/<submission>/results.json")
+        print(where_reports_are(paths, out))
     return code
+
+
+def where_reports_are(paths: dict, out: Path) -> str:
+    """The files a run wrote, one line each; an export the run did not write says why."""
+    def per_submission(key: str, suffix: str) -> str:
+        return str(paths[key]) if isinstance(paths[key], NotWritten) else f"{paths[key]}/{suffix}"
+    return (f"\nleaderboard: {paths['leaderboard']}\nfor students: {paths['students']}\n"
+            f"grades:      {paths['grades']}\nresults:     {out}/<submission>.json\n"
+            f"feedback:    {per_submission('feedback', '<submission>.md')}\n"
+            f"gradescope:  {per_submission('gradescope', '<submission>/results.json')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,21 +203,47 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     if args.command == "leaderboard":
-        if not (args.out / RUN_FILE).exists():
-            print(f"error: {args.out} has no {RUN_FILE}; run 'python -m grader grade' first.",
-                  file=sys.stderr)
-            return 2
-        paths = write_reports(args.out, roster=args.roster)
-        run = json.loads((args.out / RUN_FILE).read_text())
-        print(text_table(build_rows(read_results(args.out), run=run)))
-        print(f"\nleaderboard: {paths['leaderboard']}\nfor students: {paths['students']}")
-        return 0
-    if args.command == "grade":
-        try:
-            subs = discover(args.submissions)
-        except FileNotFoundError as e:
+        try:   # a missing or truncated run file: a clear line, not a traceback
+            run = read_run(args.out)
+        except RunFileError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        policy = _load_policy(args)
+        if policy is None:
+            return 2
+        results = read_results(args.out)
+        if run.get("baselines", True) and any(r.timing for r in results if r.role == "student"):
+            lost = missing_baselines(policy, {r.id for r in results if r.role == "baseline" and r.timing})
+            if lost:   # a result file of the run is gone: every ranked student would get 0
+                print("\n".join(f"error: {args.out / 'baselines'}: {p}" for p in lost), file=sys.stderr)
+                return 2
+        paths = write_reports(args.out, roster=args.roster, policy=policy)
+        print(text_table(build_rows(read_results(args.out), run=run)))
+        print(where_reports_are(paths, args.out))
+        return 0
+    if args.command == "grade":
+        try:   # the cases and the policy are checked whole before the drop is even unpacked
+            load_all_cases(args.cases, None if args.no_hidden else args.hidden)
+        except CaseFileError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if _load_policy(args) is None:
+            return 2
+        scratch = args.build_dir.resolve() / config.DROP_SCRATCH
+        try:   # unpacking replaces the folders another run may be grading from: one run at a time
+            args.drop_lock = RunLock(scratch.parent / ".drop.lock", f"the unpacked drop in {scratch}")
+            args.drop_lock.acquire()   # held until this process exits
+        except LockHeld as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        try:   # a course's drop: folders, archives, Canvas or Gradescope exports (grader/intake.py)
+            drop = open_drop(args.submissions, scratch=scratch)
+        except DropError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for s in drop.skipped:
+            print(f"not graded: {s.entry}: {s.reason}", file=sys.stderr)
+        subs, args.skipped = list(drop.submissions), [s.to_dict() for s in drop.skipped]
         if not args.no_solution and config.SOLUTION_DIR.is_dir():
             subs.append(inspect_folder(config.SOLUTION_DIR, role=Role.BASELINE, id="solution"))
         baselines = [] if args.no_baselines else list(BASELINES)
@@ -162,13 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = inspect_folder(args.path)
     out = args.out or config.DEFAULT_RESULTS / "check"
     code = _grade([sub], out=out, args=args, baselines=[], quiet=True)
-    if code == 2:
+    if code in (2, 3, 130):
         return code
     result = next(r for r in read_results(out) if r.id == sub.id)
     print(feedback_text(result))
     print(f"\nfull result: {out / (sub.id + '.json')}")
+    if result.status in (Status.ENVIRONMENT_ERROR, Status.NO_RESULT):   # the machine's doing
+        return 3
     return 0 if result.status in (Status.PASS, Status.NOT_RUN) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:   # outside grading (which handles its own): stop quietly
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import sysconfig
 from pathlib import Path
@@ -30,7 +32,7 @@ LOAD_INLINE_PRELUDE = ["#include <torch/types.h>", "#include <cuda.h>", "#includ
 
 @dataclasses.dataclass(frozen=True)
 class BuildResult:
-    status: Status            # PASS, BUILD_ERROR or TIMEOUT
+    status: Status            # PASS, BUILD_ERROR, TIMEOUT or ENVIRONMENT_ERROR
     mode: str                 # 'extension', 'compile_only' or 'import'
     elapsed_s: float
     artifact: str | None = None   # the built extension module (.so)
@@ -48,9 +50,59 @@ class BuildResult:
 def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
                      limits: config.Limits, log_path: Path | None = None,
                      sandbox: Sandbox | None = None) -> BuildResult:
-    """Build or import-check one submission; never raises for the submission's faults."""
+    """Build or import-check one submission; never raises for the submission's faults.
+
+    A failure of the grading machine (a module or tool the set-up provides is missing) is an
+    ENVIRONMENT_ERROR, never the student's; it is tried once more. So is a timeout while the
+    machine is overloaded (config.OVERLOADED_PER_CORE): if the second try times out under the
+    same load, the machine cannot tell a slow build from a hung one, and says so."""
     if sub.kind is Kind.INVALID:
         return BuildResult(Status.BUILD_ERROR, "none", 0.0, message=sub.problem)
+    if sub.kind is Kind.CUDA and device.nvcc is None:
+        return BuildResult(Status.ENVIRONMENT_ERROR, "none", 0.0, message=(
+            "the grading machine has no nvcc (the CUDA toolkit): install it or set CUDA_HOME. "
+            + _NOT_YOURS))
+    # The load is read before each try: during one, the submission's own processes add to it,
+    # and a hung build must not be able to make its own timeout look like the machine's.
+    load = machine_load()
+    first = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
+                        log_path=log_path, sandbox=sandbox)
+    if first.status is Status.ENVIRONMENT_ERROR:
+        retry_why = "the grading machine failed"
+    elif first.status is Status.TIMEOUT and load >= config.OVERLOADED_PER_CORE:
+        retry_why = f"the machine was overloaded (load {load:.1f} per core)"
+    else:
+        return first
+    load = min(load, machine_load())
+    second = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
+                         log_path=log_path, sandbox=sandbox)
+    elapsed = round(first.elapsed_s + second.elapsed_s, 2)
+    note = f"tried twice: {retry_why} on the first try"
+    if second.status is Status.TIMEOUT and first.status is Status.TIMEOUT:
+        if load >= config.OVERLOADED_PER_CORE:
+            return dataclasses.replace(second, status=Status.ENVIRONMENT_ERROR, elapsed_s=elapsed,
+                                       message=(f"{second.message} twice, while the grading machine "
+                                                f"was overloaded (load {load:.1f} per core): it "
+                                                f"cannot tell slow from hung. " + _NOT_YOURS))
+    return dataclasses.replace(second, elapsed_s=elapsed, message=(
+        f"{second.message} ({note})" if second.message else note))
+
+
+# Said to the student whenever the machine, not the submission, failed.
+_NOT_YOURS = ("This is not your fault and it is not graded: the instructor fixes the machine and "
+              "grades it again.")
+
+
+def machine_load() -> float:
+    """The machine's 1-minute load average per CPU core (0 where the OS has none)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits: config.Limits,
+                log_path: Path | None, sandbox: Sandbox | None) -> BuildResult:
     build_dir = build_dir.resolve()   # the build runs in the submission's folder
     build_dir.mkdir(parents=True, exist_ok=True)
     give_to_sandbox(build_dir)        # the sandboxed build writes here, as nobody
@@ -59,10 +111,7 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
         subject = Path(__file__).resolve().parent / "subject" / "loop.py"
         cmd = [sys.executable, str(subject), "--check-load",
                json.dumps(dict(kind="python", source=str(sub.source)))]
-    else:
-        if device.nvcc is None:
-            return BuildResult(Status.BUILD_ERROR, "none", 0.0,
-                               message="nvcc was not found: install the CUDA toolkit or set CUDA_HOME.")
+    else:   # build_submission made sure there is an nvcc
         mode = "extension" if device.cuda else "compile_only"
         timeout = limits.build_s
         cmd = [sys.executable, "-m", "grader.build", mode, str(sub.source), "--name",
@@ -89,6 +138,10 @@ def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
                            log_tail=proc.tail(30))
     if not proc.ok:
         log = relevant_log(proc.output, sub.source.name)
+        missing = environment_problem(proc.output, mode)
+        if missing:
+            return BuildResult(Status.ENVIRONMENT_ERROR, mode, proc.elapsed_s,
+                               message=f"the grading machine {missing}. {_NOT_YOURS}", log_tail=log)
         first = proc.last_exception() if mode == "import" else _first_error(log)
         return BuildResult(Status.BUILD_ERROR, mode, proc.elapsed_s,
                            message=f"{what} failed" + (f": {first.strip()}" if first else ""),
@@ -96,6 +149,39 @@ def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
     artifact = str(build_dir / f"{sub.module_name}.so") if mode == "extension" else None
     return BuildResult(Status.PASS, mode, proc.elapsed_s, artifact=artifact,
                        log_tail=relevant_log(proc.output, sub.source.name, errors_only=True))
+
+
+_NO_MODULE = re.compile(r"^(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'", re.M)
+_NO_HEADER = re.compile(r"fatal error: ([\w/.]+\.h): No such file or directory")
+_NO_NINJA = "Ninja is required to load C++ extensions"
+
+
+def environment_problem(output: str, mode: str) -> str:
+    """What the grading machine lacks, judging by a failed build's output ('' if nothing): a
+    module the set-up installs (config.PROVIDED_MODULES), a header it provides, ninja. What the
+    output claims is checked against this process's own view, so a submission cannot print its
+    way out of a verdict: a module this interpreter can import is not missing."""
+    for name in _NO_MODULE.findall(output):
+        top = name.split(".")[0]
+        if top in config.PROVIDED_MODULES and importlib.util.find_spec(top) is None:
+            return (f"lacks the Python module '{top}', which the course's set-up installs "
+                    f"(scripts/bootstrap.sh)")
+    if mode == "import":
+        return ""
+    for header in _NO_HEADER.findall(output):
+        name = os.path.basename(header)
+        if name in config.PROVIDED_HEADERS and not any(
+                os.path.isfile(os.path.join(d, name)) for d in cuda_include_dirs() + _cuda_home_include()):
+            return (f"lacks the CUDA header {name}, which the set-up provides "
+                    f"(scripts/bootstrap.sh fetches it into .venv/cuda-include)")
+    if _NO_NINJA in output and shutil.which("ninja") is None:
+        return "lacks ninja, which torch's extension builder needs (pip install ninja)"
+    return ""
+
+
+def _cuda_home_include() -> list[str]:
+    nvcc = shutil.which("nvcc")
+    return [os.path.join(os.path.dirname(os.path.dirname(nvcc)), "include")] if nvcc else []
 
 
 def _first_error(log: str) -> str:

@@ -8,7 +8,10 @@ Blank lines and lines starting with '#' are ignored; a trailing '# comment' is a
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
+
+from .text import read_utf8
 
 FIELDS = ("batch_size", "num_heads", "seq_len", "head_dim", "seed")
 OPTIONAL_FIELDS = ("rtol", "atol")
@@ -88,27 +91,38 @@ def parse_case_line(text: str, *, where: str, hidden: bool = False) -> Case:
     for key in FIELDS[:4]:
         if parsed[key] < 1:
             raise CaseFileError(f"{where}: {key} must be at least 1; got {parsed[key]}.")
+    if not 0 <= parsed["seed"] < 2 ** 63:
+        raise CaseFileError(f"{where}: seed must be a whole number from 0 to 2^63-1; got "
+                            f"{parsed['seed']}.")
+    for key in OPTIONAL_FIELDS:   # a negative tolerance fails every kernel, and blames students
+        if key in parsed and not (math.isfinite(parsed[key]) and parsed[key] >= 0):
+            raise CaseFileError(f"{where}: {key} must be a finite number >= 0 (the default is "
+                                f"1e-2); got {values[key]}.")
     return Case(hidden=hidden, **parsed)
 
 
 def load_cases(path: Path | str, *, hidden: bool = False) -> list[Case]:
     """All cases of one file, in file order. Raises CaseFileError naming file and line."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise CaseFileError(f"{path}: cannot read test cases ({e.strerror}).") from None
-    cases, seen = [], {}
+    text = read_utf8(path, CaseFileError, "test cases")
+    cases, seen, problems = [], {}, []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        case = parse_case_line(line, where=f"{path}:{lineno}", hidden=hidden)
+        try:   # every bad line is reported, one line each, not only the first
+            case = parse_case_line(line, where=f"{path}:{lineno}", hidden=hidden)
+        except CaseFileError as e:
+            problems.append(str(e))
+            continue
         if case.id in seen:
-            raise CaseFileError(f"{path}:{lineno}: same shape as line {seen[case.id]} ({case.id}); "
-                                f"remove one of them.")
+            problems.append(f"{path}:{lineno}: same shape as line {seen[case.id]} ({case.id}); "
+                            f"remove one of them.")
+            continue
         seen[case.id] = lineno
         cases.append(case)
+    if problems:
+        raise CaseFileError("\n".join(problems))
     if not cases:
         raise CaseFileError(f"{path}: no test cases found; add at least one line.")
     return cases

@@ -68,6 +68,33 @@ class Limits:
         return cls(**overrides)
 
 
+@dataclasses.dataclass(frozen=True)
+class ArchiveLimits:
+    """What an archive in a course drop may unpack to (grader/intake.py). Past any limit nothing
+    of it is kept, and the student's row (or, for the whole drop, the error) says which limit."""
+    max_bytes: int = 64 << 20        # a submission is a few source files: 64 MiB is generous
+    max_files: int = 2_000
+    max_ratio: float = 100.0         # unpacked / packed: source text packs 3-10x, zip bombs 1000x+
+    ratio_floor_bytes: int = 4 << 20  # below this much unpacked, no ratio can do harm: not checked
+
+
+STUDENT_ARCHIVE = ArchiveLimits()
+# A whole class in one .zip/.tar.gz (SUBMISSIONS=drop.zip): 500 students of the above, at most.
+DROP_ARCHIVE = ArchiveLimits(max_bytes=16 << 30, max_files=500_000)
+# The build folder's subfolder where archives are unpacked and Canvas files are gathered.
+DROP_SCRATCH = "drop"
+
+
+# The grading machine, not the student: what scripts/bootstrap.sh installs or provides. A build
+# that fails because one of these is missing is an environment_error (not scored, tried again).
+PROVIDED_MODULES = ("torch", "triton", "numpy", "ninja")
+PROVIDED_HEADERS = ("cublas_v2.h", "cublas.h", "cublasLt.h", "cusparse.h", "cusolverDn.h",
+                    "cusolver_common.h")
+# A build that times out while the 1-minute load average per core is at least this is tried
+# again; a second timeout under such load is the machine's (environment_error). A submission's
+# own build adds about 1 to the load: 2 per core means others are competing for the cores.
+OVERLOADED_PER_CORE = 2.0
+
 # Timing: stop when the relative standard error of the mean is under 0.5% ...
 TIMING_TARGET_RSE = 0.005
 TIMING_MIN_REPS = 100   # and at least this many (or the budget): medians of two runs agree to ~0.3%

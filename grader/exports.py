@@ -2,13 +2,33 @@
 
 - `grades.csv` (instructors): one row per student, the roster's columns first when there is one,
   numbers in one format per column, UTF-8 with a BOM (so Excel reads names right).
-- `canvas.csv`: Canvas's gradebook import format (Student, ID, SIS User ID, SIS Login ID,
-  Section, then the assignment's column, and a "Points Possible" row); needs a roster.
-- `gradescope_scores.csv`: Gradescope's score upload (Name, SID, Email, Score); needs a roster.
-- `gradescope/<id>/results.json`: Gradescope's autograder format. Hidden cases are tests with
-  `visibility: after_published`, so Gradescope hides them and the total score until grades are
-  published; the always-visible top-level `output` speaks of the public cases and the build only.
-- `feedback/<id>.md`: what the student sees, with their pseudonym.
+- `canvas.csv`: Canvas's gradebook import (needs a roster). The format is what Canvas's importer
+  parses (https://github.com/instructure/canvas-lms/blob/master/lib/gradebook_importer.rb; a
+  guide: https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-grades/import-csv-file-carmen-grades):
+  a header whose first columns are Student, ID, SIS User ID, SIS Login ID, Section, then one
+  column per assignment titled "Title (assignment id)" (a bare title is matched by name, or makes
+  a new assignment); a row whose first cell is "Points Possible"; then one row per student with a
+  score, matched by ID (Canvas's user id), else SIS User ID, else SIS Login ID, else name.
+  Students with no score have no row, since Canvas would clear their grade for an empty cell.
+- `gradescope_scores.csv`: scores keyed the way Gradescope's roster CSV identifies students (Name
+  and Email required, SID optional: https://help.gradescope.com/article/w59nl02vyt-instructor-course-add-members),
+  one Score column; needs a roster.
+- `gradescope/<id>/results.json`: Gradescope's autograder format
+  (https://gradescope-autograders.readthedocs.io/en/latest/specs/). Hidden cases are tests with
+  `visibility: after_published` ("shown only when the assignment is explicitly published"), and
+  "if test cases are hidden, students will not be able to see their total score"; the
+  always-visible top-level `output` speaks of the build and the public cases only, and names no
+  hidden case. `leaderboard` entries (https://gradescope-autograders.readthedocs.io/en/latest/leaderboards/)
+  exist only for a timed submission, and only one that passed every case is timed: like the
+  status on the students' page, that says all hidden cases passed, and nothing about any one.
+- `feedback/<id>.md`: the student's report, with their pseudonym, to post when grades are
+  published: it lists hidden cases as "hidden case k" with their status.
+
+A run that could not check correctness (no CUDA device, a calibration run) writes no grades:
+not grades.csv, canvas.csv, gradescope_scores.csv or Gradescope results, and removes those of an
+earlier run in the same folder; the paths it returns say why (`NotWritten`). A result whose status
+is the machine's doing (`not_run`, `environment_error`) gets no score, never a 0: an empty cell
+in grades.csv, no row in the LMS files, no results.json.
 
 Everything a student sees is rendered from `Redactor.student_result` (grader/privacy.py).
 """
@@ -16,16 +36,17 @@ Everything a student sees is rendered from `Redactor.student_result` (grader/pri
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
-import re
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .feedback import feedback_markdown
 from .policy import Policy
-from .privacy import Redactor
-from .results import write_json_atomic
+from .privacy import Redactor, unnumber
+from .results import SubmissionResult, write_json_atomic
 from .roster import Joined, Roster, join
 from .status import Status
 
@@ -41,29 +62,81 @@ CANVAS_FROM_ROSTER = dict(zip(CANVAS_IDENTITY, ["name", "canvas_id", "sid", "log
 GRADESCOPE_SCORE_COLUMNS = ["Name", "SID", "Email", "Score"]
 # The gradebook column's title; Canvas matches "Title (assignment id)" exactly, a bare title by name.
 CANVAS_ASSIGNMENT = os.environ.get("GRADER_CANVAS_ASSIGNMENT", "FlashAttention forward")
+GRADE_FILES = ("grades.csv", "canvas.csv", "gradescope_scores.csv", "gradescope")
+VISIBLE_NAME = "another case"     # what Gradescope's always-visible text calls a hidden case
+
+
+@dataclasses.dataclass(frozen=True)
+class NotWritten:
+    """Stands in the returned paths for an export this run did not write, and says why."""
+    reason: str
+
+    def __str__(self) -> str:
+        return f"not written: {self.reason}"
+
+
+def is_scored(r: SubmissionResult) -> bool:
+    """Whether `r` may get points: not when the grading machine decided its outcome (`not_run`,
+    `environment_error`: Status.scored)."""
+    return r.status.scored
+
+
+def why_no_grades(run: dict) -> str | None:
+    """Why this run's results cannot be grades (None: they can)."""
+    if not run.get("device", {}).get("cuda"):
+        return ("no CUDA device on the grading machine, so correctness was not checked (CUDA "
+                "submissions were only compiled, Python ones ran the small cases on the CPU); "
+                "grade on the GPU machine")
+    if run.get("calibration"):
+        return "a calibration run (library calls allowed, nothing ranked) is not a grading run"
+    return None
 
 
 def write_exports(out_dir: Path, rows: list["Row"], run: dict, policy: Policy, *,
-                  roster: Roster | None = None) -> dict[str, Path]:
+                  roster: Roster | None = None) -> dict[str, Path | NotWritten]:
+    """Write the exports of `rows`; returns what was written, and a `NotWritten` for each grade
+    file that was not (and why). Files of another run that this one did not write are removed."""
     students = [row for row in rows if row.result.role == "student"]
     redactor = student_redactor(students, run, policy)
     joined = join(roster, students) if roster else None
-    paths = dict(grades=out_dir / "grades.csv", gradescope=out_dir / "gradescope",
-                 feedback=out_dir / "feedback")
-    _write_text(paths["grades"], "\ufeff" + grades_csv(students, run, policy, joined=joined))
-    if joined is not None:
-        paths["canvas"] = out_dir / "canvas.csv"
-        _write_text(paths["canvas"], "\ufeff" + canvas_csv(joined, policy.max_score(run["cases"])))
-        paths["gradescope_scores"] = out_dir / "gradescope_scores.csv"
-        _write_text(paths["gradescope_scores"], gradescope_scores_csv(joined))
-    for row in students:
-        shown = redactor.student_result(row.result)
-        write_json_atomic(paths["gradescope"] / row.result.id / "results.json",
-                          gradescope_results(row, run, policy, redactor=redactor))
-        _write_text(paths["feedback"] / f"{row.result.id}.md",
-                    feedback_markdown(shown, score=row.score, rank=row.rank,
+    reason = why_no_grades(run)
+    paths: dict[str, Path | NotWritten] = dict(feedback=out_dir / "feedback")
+    for row in students:           # row.score is None where there is no score (report.build_rows)
+        _write_text(out_dir / "feedback" / f"{row.result.id}.md",
+                    feedback_markdown(redactor.student_result(row.result), score=row.score, rank=row.rank,
                                       pseudonym=policy.pseudonym(row.result.id) if policy.pseudonyms else None))
+    _remove_stale(out_dir / "feedback", {f"{row.result.id}.md" for row in students})
+    for name in GRADE_FILES:       # an earlier run's grades are not this run's
+        _remove(out_dir / name)
+    if reason is not None:
+        skipped = NotWritten(reason)
+        return dict(paths, grades=skipped, gradescope=skipped,
+                    **({"canvas": skipped, "gradescope_scores": skipped} if joined else {}))
+    paths.update(grades=out_dir / "grades.csv", gradescope=out_dir / "gradescope")
+    _write_text(out_dir / "grades.csv", "\ufeff" + grades_csv(students, run, policy, joined=joined))
+    if joined is not None:
+        paths.update(canvas=out_dir / "canvas.csv", gradescope_scores=out_dir / "gradescope_scores.csv")
+        _write_text(out_dir / "canvas.csv", "\ufeff" + canvas_csv(joined, policy.max_score(run["cases"])))
+        _write_text(out_dir / "gradescope_scores.csv", gradescope_scores_csv(joined))
+    for row in students:
+        if row.score is not None:      # the others get run_autograder's "not graded yet"
+            write_json_atomic(out_dir / "gradescope" / row.result.id / "results.json",
+                              gradescope_results(row, run, policy, redactor=redactor))
     return paths
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _remove_stale(folder: Path, keep: set[str]) -> None:
+    """Remove what an earlier run left in one of the grader's own per-student folders."""
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        if entry.name not in keep:
+            _remove(entry)
 
 
 def student_redactor(students: list["Row"], run: dict, policy: Policy) -> Redactor:
@@ -134,24 +207,30 @@ def _score(row: "Row | None") -> str:
 
 
 def canvas_csv(joined: Joined, points_possible: float) -> str:
-    """Canvas's gradebook import: identity columns, one assignment column, a Points Possible row.
-    Students with no submission get an empty cell (Canvas leaves their grade as it is)."""
+    """Canvas's gradebook import: identity columns, one assignment column, a Points Possible row,
+    and a row for each roster student with a score. A student with none (no submission, or not
+    scored) has no row: Canvas posts an empty cell as an empty grade, clearing the one they had
+    (ui/features/gradebook_uploads/jquery/process_gradebook_upload.js), and leaves students
+    who are not in the file alone."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\r\n")
     w.writerow(CANVAS_IDENTITY + [CANVAS_ASSIGNMENT])
     w.writerow(["Points Possible", "", "", "", "", fixed(points_possible, 2)])
     for student, row in joined.matched:
-        w.writerow([student.get(CANVAS_FROM_ROSTER[c]) for c in CANVAS_IDENTITY] + [_score(row)])
+        if _score(row):
+            w.writerow([student.get(CANVAS_FROM_ROSTER[c]) for c in CANVAS_IDENTITY] + [_score(row)])
     return buf.getvalue()
 
 
 def gradescope_scores_csv(joined: Joined) -> str:
-    """Gradescope's score upload: students matched by Email (or SID), one Score column."""
+    """Scores for Gradescope: students identified by Email (or SID), one Score column; as in
+    canvas_csv, only the roster students with a score."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\r\n")
     w.writerow(GRADESCOPE_SCORE_COLUMNS)
     for student, row in joined.matched:
-        w.writerow([student.get("name"), student.get("sid"), student.get("email"), _score(row)])
+        if _score(row):
+            w.writerow([student.get("name"), student.get("sid"), student.get("email"), _score(row)])
     return buf.getvalue()
 
 
@@ -163,8 +242,8 @@ def _case_test(case: dict, c, points: float, redactor: Redactor, build_failed) -
         output = "not_run"
     else:
         output = f"{c.status.value}: {c.message}" if c.message else c.status.value
-    if not case["hidden"]:   # a visible test never names a hidden case
-        output = re.sub(r"(?:case )?hidden case \d+", "a hidden case", output)
+    if not case["hidden"]:   # a visible test does not speak of hidden cases
+        output = unnumber(output, VISIBLE_NAME)
     name = redactor.case_name(case["id"]) if case["hidden"] else f"public case {case['id']}"
     return dict(name=name, score=points if passed else 0, max_score=points,
                 status="passed" if passed else "failed", output=output[:8000],
@@ -175,7 +254,7 @@ def public_summary(row: "Row", run: dict, redactor: Redactor) -> str:
     """The always-visible top-level output: the build and the public cases only."""
     r = redactor.student_result(row.result)
     if r.build and r.build.status is not Status.PASS:
-        return f"{r.build.status.value}: {r.build.message or r.message}"
+        return unnumber(f"{r.build.status.value}: {r.build.message or r.message}", VISIBLE_NAME)
     public = [c for c in row.result.cases if not c.hidden and not redactor.case(c.case)]
     passed = sum(c.status is Status.PASS for c in public)
     line = f"public cases: {passed} of {len(public)} pass"
@@ -183,7 +262,7 @@ def public_summary(row: "Row", run: dict, redactor: Redactor) -> str:
     if failed is not None:
         line += f"; {failed.case}: {failed.status.value}"
     if row.result.status is Status.FLAGGED:
-        line += f"\n{r.message}"
+        line += f"\n{unnumber(r.message, VISIBLE_NAME)}"
     if any(c["hidden"] for c in run["cases"]):
         line += ". Hidden cases, performance and the total are shown when grades are published."
     return line

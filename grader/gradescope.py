@@ -118,6 +118,14 @@ def bundle(results_dir: Path, roster_path: Path, dest: Path) -> tuple[Path, list
     return dest, missing
 
 
+def _why_no_grades(results_dir: Path) -> str | None:
+    from .exports import why_no_grades       # here: importing it loads torch
+    try:
+        return why_no_grades(json.loads((results_dir / "_run.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m grader.gradescope", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zip", type=Path, help="where to write it (default RESULTS/gradescope_autograder.zip)")
     a = p.parse_args(argv)
     if not (a.results / "gradescope").is_dir():
-        print(f"error: {a.results}/gradescope/ does not exist; run 'make grade' first", file=sys.stderr)
+        why = _why_no_grades(a.results)
+        print(f"error: {a.results}/gradescope/ does not exist; " +
+              (f"that run wrote no grades: {why}" if why else "run 'make grade' first"), file=sys.stderr)
         return 2
     try:
         dest, missing = bundle(a.results, a.roster, a.zip or a.results / "gradescope_autograder.zip")

@@ -50,7 +50,7 @@ from .procs import kill_group, spawn_capped
 from .reference import attention_plain_fp16, attention_reference
 from .shared_memory import SharedBuffer, create_buffer
 from .text import clean
-from .timing import relative_standard_error, summarize
+from .timing import ProtocolCost, relative_standard_error, summarize
 
 # Captured before anything else runs in this process (nothing else does: this is the trusted side).
 _perf_counter = time.perf_counter
@@ -384,28 +384,53 @@ def round_trip_ms(link: Link, deadline: float, reps: int = 20) -> float:
 
 
 def calibrate(spec: dict) -> dict:
-    """The protocol's own cost per call, measured on a subject that runs no submission: the
-    `null` target returns Q, so a call is the round trip, the two GPU context switches and the
-    copy of an output into the shared buffer. Every timed call of the run has this subtracted."""
+    """The protocol's own cost per call (timing.ProtocolCost), measured on subjects that run no
+    submission: `null` returns Q, so a call is the round trip, the two GPU context switches and
+    the copy of an output into the shared buffer; `null_busy` also keeps the GPU busy for 5 ms,
+    which its own events time (trusted: no submission is loaded there). Every timed call of the
+    run has its share subtracted."""
+    idle = _calibration_calls(spec, "null")
+    if "failed" in idle:
+        return idle
+    busy = _calibration_calls(spec, "null_busy")
+    cost = ProtocolCost(idle_ms=statistics.median(idle["raw"]))
+    pairs = busy.get("pairs") or []
+    if "failed" not in busy and pairs:
+        cost = ProtocolCost(idle_ms=cost.idle_ms,
+                            busy_ms=statistics.median(raw - events for raw, events in pairs),
+                            busy_work_ms=statistics.median(events for _, events in pairs))
+    return dict(floor_ms=cost.idle_ms, protocol=cost.to_dict(), rtt_ms=idle["rtt_ms"],
+                breakdown=dict(idle=idle["breakdown"], busy=busy.get("breakdown")),
+                output=idle["output"] + busy.get("output", ""))
+
+
+def _calibration_calls(spec: dict, name: str) -> dict:
     device, case = spec["device"], Case.from_dict(spec["case"])
     deadline = time.monotonic() + spec["deadline_s"]
     buffers = allocate(device, case.numel)
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
     flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
-    link, failed = start(dict(spec, target=dict(kind="builtin", name="null")), buffers, deadline)
+    link, failed = start(dict(spec, target=dict(kind="builtin", name=name)), buffers, deadline)
     if failed is not None:
         link.close()
         return dict(failed=failed, output=link.output())
     try:
         call = Call(link, q, k, v, o, flush, case.shape, device, deadline)
-        raw = []
+        parts = []
         for i in range(spec.get("reps", 30)):
             clock, _ = call.run(seed=i)
-            raw.append(max(clock.wall_ms, clock.fence_ms()))
+            parts.append((max(clock.wall_ms, clock.fence_ms()), clock.wall_ms, clock.fence_ms(),
+                          call.subject_host_ms, call.subject_gpu_ms))
         rtt = round_trip_ms(link, deadline)
+    except SubjectGone as gone:
+        return dict(failed=dict(status=gone.status, message=gone.message), output=link.output())
     finally:
         link.close()
-    return dict(floor_ms=statistics.median(raw[5:]), rtt_ms=rtt, output=link.output())
+    kept = parts[5:]
+    names = ("wall_ms", "fence_ms", "subject_host_ms", "subject_events_ms")
+    return dict(raw=[p[0] for p in kept], pairs=[(p[0], p[4]) for p in kept if p[4] is not None],
+                rtt_ms=rtt, output=link.output(),
+                breakdown={n: _median_of([p[i + 1] for p in kept]) for i, n in enumerate(names)})
 
 
 def time_case(spec: dict) -> dict:
@@ -423,24 +448,26 @@ def time_case(spec: dict) -> dict:
     pick = random.Random(_urandom(16))        # which calls are checked in full: decided here
     result: dict = dict(verify=dict(checked=0, wrong=0, first_wrong="", first_wrong_call=None))
     try:
-        protocol = dict(rtt_ms=round_trip_ms(link, deadline), floor_ms=spec.get("floor_ms", 0.0))
+        rtt_ms = round_trip_ms(link, deadline)
+        cost = ProtocolCost.from_dict(spec.get("protocol"))
         call = Call(link, q, k, v, o, flush, shape, device, deadline)
         for _ in range(config.TIMING_WARMUP_CALLS):
             call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
         link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
-        walls, fences, samples, helpers = [], [], [], []
+        walls, fences, samples, helpers, reported = [], [], [], [], []
         stopped_by, loop_start = "max_reps", _perf_counter()
         while len(walls) < config.TIMING_MAX_REPS:
             seed = int.from_bytes(_urandom(8), "little") >> 1
             clock, inputs = call.run(seed)
             walls.append(clock.wall_ms)
             fences.append(clock.fence_ms())
+            reported.append((call.subject_gpu_ms, call.subject_host_ms))
             verify_call(result["verify"], len(walls) - 1, call.snapshot, inputs, case)
             _keep_sample(samples, pick, len(walls) - 1, seed, call.snapshot, config.TIMING_SPOT_SAMPLES)
             if device == "cuda" and (len(walls) - 1) % config.TIMING_PROCESS_CHECK_EVERY == 0:
                 helpers.append(gpu_helpers(link))
             del inputs
-            times = corrected(walls, fences, protocol["floor_ms"])
+            times = corrected(walls, fences, cost)
             if len(times) >= config.TIMING_MIN_REPS and relative_standard_error(times) < config.TIMING_TARGET_RSE:
                 stopped_by = "rse"
                 break
@@ -454,14 +481,17 @@ def time_case(spec: dict) -> dict:
         return dict(failed=dict(record, message=f"timing {case.id}: {record['message']}"),
                     output=link.output())
     link.close()
-    times = corrected(walls, fences, protocol["floor_ms"])
+    times = corrected(walls, fences, cost)
     stats = summarize(times, flops=case.flops, warmup_calls=config.TIMING_WARMUP_CALLS,
                       budget_s=spec["budget_s"], stopped_by=stopped_by,
                       wall_s=_perf_counter() - loop_start,
                       wall_median_ms=statistics.median(walls),
                       fence_median_ms=statistics.median(fences),
                       raw_mean_ms=statistics.fmean(max(w, f) for w, f in zip(walls, fences)),
-                      protocol_ms=protocol["floor_ms"], rtt_ms=protocol["rtt_ms"],
+                      protocol_ms=statistics.fmean(max(w, f) - t for w, f, t in zip(walls, fences, times)),
+                      rtt_ms=rtt_ms,
+                      subject_events_ms=_median_of([gpu for gpu, _ in reported]),
+                      subject_host_ms=_median_of([host for _, host in reported]),
                       launched=tuple(tuple(x) for x in _launched(report.get("kernels"))))
     result.update(stats=stats.to_dict(), spots=check_samples(samples, case, spec),
                   helpers=[h for h in helpers if h], gpu_processes_seen=any(h is not None for h in helpers),
@@ -476,6 +506,8 @@ class Call:
     def __init__(self, link: Link, q, k, v, o, flush, shape, device: str, deadline: float):
         self.link, self.q, self.k, self.v, self.o = link, q, k, v, o
         self.flush, self.shape, self.device, self.deadline = flush, shape, device, deadline
+        self.subject_gpu_ms: float | None = None
+        self.subject_host_ms: float | None = None
 
     def run(self, seed: int) -> tuple[Clock, tuple[torch.Tensor, ...]]:
         inputs = make_random_inputs(self.shape, seed=seed, device=self.device)
@@ -494,12 +526,26 @@ class Call:
         # Read O now: this process's first GPU work after the reply, right behind the fence event.
         self.snapshot = self.o.clone()
         synchronize(self.device)
+        self.subject_gpu_ms = _diagnostic_ms(reply.get("subject_gpu_ms"))
+        self.subject_host_ms = _diagnostic_ms(reply.get("subject_ms"))
         return clock, inputs
 
 
-def corrected(walls: list[float], fences: list[float], floor_ms: float) -> list[float]:
+def _diagnostic_ms(value) -> float | None:
+    """A time the subject reported about itself: kept for the overhead figures, never ranked."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e7:
+        return float(value)
+    return None
+
+
+def _median_of(values: list) -> float:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else 0.0
+
+
+def corrected(walls: list[float], fences: list[float], cost: ProtocolCost) -> list[float]:
     """Per-call times: the later of the two clocks, less the protocol's calibrated cost."""
-    return [max(w, f) - floor_ms for w, f in zip(walls, fences)]
+    return [max(w, f) - cost.for_call(max(w, f)) for w, f in zip(walls, fences)]
 
 
 def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case) -> None:

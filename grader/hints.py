@@ -26,6 +26,9 @@ def first_open_todo(source: str) -> str | None:
 
 
 def hint_for(build: BuildResult | None, cases: list[CaseResult], source: str | None = None) -> str:
+    if build is not None and build.status is Status.ENVIRONMENT_ERROR:
+        return ("Nothing to change in your code: the grading machine lacked something it should "
+                "have. Your submission will be graded again once the machine is fixed.")
     if build is not None and build.status is Status.BUILD_ERROR:
         m = re.search(r"submission\.(cu|py):(\d+)", build.log_tail or "")
         where = f" at line {m.group(2)} of submission.{m.group(1)}" if m else ""

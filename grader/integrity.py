@@ -178,6 +178,7 @@ PEAK_MARGIN = 1.25
 class TimingFinding:
     status: str        # 'flagged' or 'mismatch'
     message: str
+    impossible_time: bool = False   # the median itself cannot be real: no page may show it
 
 
 def explained_ms(launched, own: set[str], *, library_allowed: bool = False) -> float:
@@ -229,11 +230,16 @@ def timing_findings(record: dict, stats, own: set[str], *, flops: int, peak_tflo
             f"{stats.wall_median_ms:.3f} ms). The grader's loop synchronizes the device before it "
             f"replies; something bypassed that. The time counted is the later clock.")))
     findings += _accounting(stats, own, library_allowed)
-    if peak_tflops and stats.median_ms > 0 and flops / (stats.median_ms * 1e-3) / 1e12 > PEAK_MARGIN * peak_tflops:
+    if stats.median_ms <= 0:
+        findings.append(TimingFinding("flagged", (
+            f"a median of {stats.median_ms:.4f} ms, after the protocol's own cost is subtracted, "
+            f"is no time at all: the call cannot have done the work."), impossible_time=True))
+    elif peak_tflops and flops / (stats.median_ms * 1e-3) / 1e12 > PEAK_MARGIN * peak_tflops:
         findings.append(TimingFinding("flagged", (
             f"a median of {stats.median_ms:.4f} ms would be {flops / (stats.median_ms * 1e-3) / 1e12:.0f} "
             f"TFLOP/s, above {PEAK_MARGIN:g} x this GPU's fp16 matmul rate measured in the same run "
-            f"({peak_tflops:.0f} TFLOP/s): not physically possible, so the time cannot be real.")))
+            f"({peak_tflops:.0f} TFLOP/s): not physically possible, so the time cannot be real."),
+            impossible_time=True))
     return findings
 
 

@@ -15,21 +15,22 @@ from pathlib import Path
 
 from . import config
 from .baselines import BASELINES
-from .build import BuildResult, build_submission
+from .build import BuildResult, build_submission, machine_load
 from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo
 from .hints import hint_for
 from .integrity import (classify_launched, own_kernel_names, static_evidence, tampering_lines,
                         timing_findings)
-from .procs import ProcResult, child_env, run_limited
+from .procs import Cancelled, ProcResult, cancel_all, child_env, run_limited
 from .progress import Progress
-from .results import SubmissionResult, write_result
+from .results import SubmissionResult, write_json_atomic, write_result
+from .runs import RunJournal, plan_run, scratch_dir
 from .sandbox import Sandbox
 from .status import Status, worst
 from .submission import Kind, Role, Submission, read_sources
 from .text import clean, clean_line
-from .timing import TimingStats
+from .timing import ProtocolCost, TimingStats
 
 SUBJECT = Path(__file__).resolve().parent / "subject" / "loop.py"
 
@@ -49,7 +50,7 @@ class GradeContext:
     sandbox: Sandbox = Sandbox(None, "not set up")
     calibration: bool = False    # library calls allowed (timing calibration); never ranked
     precision: tuple[float, float] = (config.PRECISION_FACTOR, config.PRECISION_FLOOR)
-    floor_ms: float = 0.0        # the protocol's own cost per timed call (calibrate_protocol)
+    protocol: ProtocolCost = ProtocolCost()   # the protocol's own cost per timed call (calibrate_protocol)
 
     @property
     def device_name(self) -> str:
@@ -65,6 +66,35 @@ def now() -> str:
 
 
 # ---------------------------------------------------------------- one submission
+
+
+def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
+                         work: Path) -> tuple[dict, str]:
+    """run_cases, and the build stage's rule for a machine too busy to tell slow from hung
+    (config.OVERLOADED_PER_CORE): a timeout on a machine that was overloaded before the cases
+    started is run once more; a second one, the load again that high before it, is the machine's
+    (environment_error: never scored). The load is read before each try, never during one: a
+    hung submission's own threads cannot make its timeout the machine's."""
+    load = machine_load()   # before: while the cases run, the submission adds to the load
+    runs, output = run_cases(sub, build, cases, ctx, work)
+    if not _timed_out(runs) or load < config.OVERLOADED_PER_CORE:
+        return runs, output
+    ctx.progress.note(f"{sub.id}: a case timed out while the machine was overloaded (load "
+                      f"{load:.1f} per core); running the cases again")
+    load = min(load, machine_load())
+    runs, output = run_cases(sub, build, cases, ctx, work)
+    if _timed_out(runs) and load >= config.OVERLOADED_PER_CORE:
+        for r in runs.values():
+            if r["status"] == Status.TIMEOUT.value:
+                r["status"] = Status.ENVIRONMENT_ERROR.value
+                r["message"] += (f" (twice, both times while the grading machine was overloaded, "
+                                 f"load {load:.1f} per core: the machine's fault, not your "
+                                 f"submission's; it will be graded again)")
+    return runs, output
+
+
+def _timed_out(runs: dict) -> bool:
+    return any(r.get("status") == Status.TIMEOUT.value for r in runs.values())
 
 
 def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
@@ -90,7 +120,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
-        runs, run_output = run_cases(sub, build, runnable, ctx, work)
+        runs, run_output = run_cases_under_load(sub, build, runnable, ctx, work)
         _save_log(ctx, sub, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
@@ -126,7 +156,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
         if problems:
             worst_status = worst(Status(f.status) for f in problems)
             message = "\n".join(f.message for f in problems if f.status == worst_status.value)
-            if "physically possible" in message:
+            if any(f.impossible_time for f in problems):
                 timing = None   # no page shows an impossible rate
             return _finish(base, worst_status, message, cases=cases, timing=timing,
                            timed_case=timed_case, notes=notes, started=started)
@@ -244,14 +274,9 @@ def _in_case_order(results: list[CaseResult], cases) -> list[CaseResult]:
 
 def _scratch(need_bytes: int = 8 << 30) -> str | None:
     """Outputs are large (512 MiB on the largest case): keep them in memory where there is room
-    (/dev/shm is often a small tmpfs in containers), else in the default temporary folder."""
-    try:
-        st = os.statvfs("/dev/shm")
-        if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize >= need_bytes:
-            return "/dev/shm"
-    except OSError:
-        pass
-    return None
+    (/dev/shm is often a small tmpfs in containers), else in the default temporary folder; inside
+    a run, in the run's own scratch folder there, which nothing outlives (grader/runs.py)."""
+    return scratch_dir(need_bytes)
 
 
 def _save_log(ctx: GradeContext, sub: Submission, stage: str, output: str) -> None:
@@ -320,7 +345,7 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
         record, output = run_harness(
             "time", target, ctx, Path(tmp), folder=folder, deadline_s=ctx.limits.time_s,
             case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
-            floor_ms=ctx.floor_ms, precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]))
+            protocol=ctx.protocol.to_dict(), precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]))
     if log_name:
         path = ctx.out_dir / "logs" / f"{log_name}.time.log"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -335,24 +360,50 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
     return TimedRun(TimingStats.from_dict(record["stats"]), record)
 
 
-def calibrate_protocol(ctx: GradeContext) -> float:
+PROTOCOL_FILE = "_protocol.json"   # the run's ProtocolCost, for the rows a resumed run keeps
+
+
+def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCost:
     """The protocol's own cost per timed call on the largest case, measured once per run by the
-    harness on a subject that runs no submission (grader/harness.py calibrate); 0 without a GPU
-    or if it failed (then times include it, for every row alike)."""
+    harness on subjects that run no submission (grader/harness.py calibrate); zero without a GPU
+    or if it failed (then times include it, for every row alike). With `reuse` (a resumed run
+    that keeps results timed earlier), the cost those were corrected with is used again if it was
+    measured on this GPU for this case: every row of one run has the same cost subtracted."""
     if not ctx.device.cuda:
-        return 0.0
+        return ProtocolCost()
+    saved = ctx.out_dir / PROTOCOL_FILE
+    where = dict(device=ctx.device.name, uuid=getattr(ctx.device, "uuid", None),
+                 case=largest(list(ctx.cases)).id)
+    if reuse:
+        try:
+            earlier = json.loads(saved.read_text())
+            if earlier.get("where") == where:
+                cost = ProtocolCost.from_dict(earlier.get("cost"))
+                ctx.progress.note(f"protocol cost of the results kept from the earlier run "
+                                  f"reused: {cost.idle_ms:.3f} / {cost.busy_ms:.3f} ms")
+                return cost
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+    cost = _measure_protocol(ctx)
+    write_json_atomic(saved, dict(where=where, cost=cost.to_dict()))
+    return cost
+
+
+def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=_scratch()) as tmp:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
                                      folder=[], deadline_s=ctx.limits.time_s,
                                      case=largest(list(ctx.cases)).to_dict(),
                                      l2_bytes=ctx.device.l2_bytes)
-    if record is None or "floor_ms" not in record:
+    if record is None or "protocol" not in record:
         ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")
-        return 0.0
-    ctx.progress.note(f"protocol calibrated: {record['floor_ms']:.3f} ms per call (round trip "
+        return ProtocolCost()
+    cost = ProtocolCost.from_dict(record["protocol"])
+    ctx.progress.note(f"protocol calibrated: {cost.idle_ms:.3f} ms per call without GPU work, "
+                      f"{cost.busy_ms:.3f} ms around {cost.busy_work_ms:.1f} ms of it (round trip "
                       f"{record['rtt_ms']:.3f} ms, GPU context switches, output copy), subtracted "
                       f"from every timed call")
-    return record["floor_ms"]
+    return cost
 
 
 def ensure_gpu_healthy(ctx: GradeContext, *, tries: int = 2) -> None:
@@ -398,15 +449,30 @@ def grade_baseline(name: str, ctx: GradeContext) -> SubmissionResult:
 
 
 def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str],
-              build_jobs: int) -> list[SubmissionResult]:
+              build_jobs: int, force: bool = False, only: set[str] | None = None,
+              journal: "RunJournal | None" = None) -> list[SubmissionResult]:
     """Builds run `build_jobs` at a time; the GPU stages run one submission at a time, in the
-    order the builds finish. PyTorch baselines are timed while the first builds compile."""
-    results: list[SubmissionResult] = []
+    order the builds finish. PyTorch baselines are timed while the first builds compile.
 
-    def record(result: SubmissionResult) -> None:
+    A submission or baseline whose result on disk has this run's key (grader/runs.py) is
+    skipped, unless `force`; with `only`, those ids are graded and the others keep what they
+    have. `journal` (the run file) learns the roster and every result as it lands. Ctrl-C
+    (KeyboardInterrupt) or a GPU failure cancels the queued builds and kills every running
+    child before it propagates; what was finished is on disk. Returns the results graded."""
+    results: list[SubmissionResult] = []
+    entries = plan_run(subs, baselines, ctx, force=force, only=only)
+    by_sub = {id(e.sub): e for e in entries if e.sub is not None}
+    if journal is not None:
+        journal.plan(entries)
+    _announce(entries, ctx.progress, only=only)
+
+    def record(result: SubmissionResult, entry) -> None:
+        result = dataclasses.replace(result, key=entry.key)
         write_result(ctx.out_dir, result)
         results.append(result)
         ctx.progress.done(result)
+        if journal is not None:
+            journal.record("graded")
 
     def build(sub: Submission) -> BuildResult:
         ctx.progress.stage(sub.id, "build")
@@ -417,14 +483,26 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
                                 limits=ctx.limits, sandbox=ctx.sandbox,
                                 log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
 
+    for entry in entries:
+        if entry.action != "grade":
+            ctx.progress.skipped(entry.existing, entry.id, kept=entry.action == "keep")
+            if journal is not None:
+                journal.record("skipped" if entry.action == "skip" else "kept")
+    graded = [e for e in entries if e.action == "grade"]
+    to_build = [e.sub for e in graded if e.sub is not None]
     # Each folder's sources, read before any of its code runs (own kernel names).
-    sources = {id(s): read_sources(s.path) if s.kind is not Kind.INVALID else "" for s in subs}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs)) as pool:
-        futures = {pool.submit(build, s): s for s in subs}
-        ctx = dataclasses.replace(ctx, floor_ms=calibrate_protocol(ctx))   # while they compile
-        for name in baselines:
-            ctx.progress.stage(name, "time")
-            record(grade_baseline(name, ctx))
+    sources = {id(s): read_sources(s.path) if s.kind is not Kind.INVALID else "" for s in to_build}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs))
+    futures: dict = {}
+    try:
+        futures.update((pool.submit(build, s), s) for s in to_build)
+        if graded:   # while they compile
+            reused = len(graded) < len(entries)   # some results of this run are kept: their cost
+            ctx = dataclasses.replace(ctx, protocol=calibrate_protocol(ctx, reuse=reused))
+        for entry in graded:
+            if entry.sub is None:
+                ctx.progress.stage(entry.id, "time")
+                record(grade_baseline(entry.id, ctx), entry)
         for future in concurrent.futures.as_completed(futures):
             sub = futures[future]
             try:
@@ -435,7 +513,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             started = time.monotonic()
             try:
                 result = grade_submission(sub, build_result, ctx, sources[id(sub)])
-            except GpuUnhealthy:
+            except (GpuUnhealthy, Cancelled):
                 raise
             except Exception as e:   # a grader bug: this submission's result says so, then go on
                 result = SubmissionResult(id=sub.id, label=_label(sub), kind=sub.kind.value,
@@ -443,5 +521,43 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
                                           message=f"grader error: {e!r}; tell the instructor",
                                           build=build_result, graded_at=now(),
                                           wall_s=round(time.monotonic() - started, 2))
-            record(result)
+            record(result, by_sub[id(sub)])
+    except BaseException:
+        # Stop now: nothing queued starts, every child process group dies, then the threads
+        # (whose children just died) return at once. Unfinished work has no result on disk;
+        # a build that had already failed is a finished verdict, and is written.
+        failed = [f for f in futures if f.done() and not f.cancelled() and f.exception() is None
+                  and f.result().status is not Status.PASS]
+        cancel_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for future in failed:
+            sub = futures[future]
+            if not any(r.id == sub.id and r.role == sub.role.value for r in results):
+                try:
+                    record(grade_submission(sub, future.result(), ctx, sources[id(sub)]), by_sub[id(sub)])
+                except Exception:   # stopping: what cannot be written now is graded next time
+                    pass
+        raise
+    pool.shutdown(wait=True)
     return results
+
+
+def _announce(entries, progress: Progress, *, only: set[str] | None) -> None:
+    """Say what the run will do: how many are unchanged (skipped), kept (--only), regraded and why."""
+    skip = sum(e.action == "skip" for e in entries)
+    keep = [e for e in entries if e.action == "keep"]
+    if skip:
+        progress.note(f"{skip} of {len(entries)} unchanged since they were graded (same source, "
+                      f"cases, grader, policy, device and limits): skipped; --force regrades them")
+    if only is not None:
+        none = sum(e.existing is None for e in keep)
+        progress.note(f"--only: grading {len(entries) - len(keep)} of {len(entries)}; the other "
+                      f"{len(keep)} keep their results" + (f" ({none} have none: shown as missing)"
+                                                            if none else ""))
+    reasons: dict[str, list[str]] = {}
+    for e in entries:
+        if e.action == "grade" and e.why:
+            reasons.setdefault(e.why, []).append(e.label)
+    for why, labels in reasons.items():
+        shown = ", ".join(labels[:5]) + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")
+        progress.note(f"regrading {shown}: {why}")

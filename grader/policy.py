@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import math
+import re
 import tomllib
 from pathlib import Path
 
 from . import config
 from .results import SubmissionResult
 from .status import Status
+from .text import read_utf8
 
 POLICY_FILE = config.REPO_ROOT / "grading.toml"
 
@@ -83,36 +86,154 @@ class Score:
     performance_basis: str
 
 
-def load_policy(path: Path = POLICY_FILE) -> Policy:
-    """Read grading.toml; a missing file gives the defaults, a malformed one a clear error."""
-    if not Path(path).exists():
+# The baselines a threshold may name: grader/baselines.py's rows and the reference solution.
+KNOWN_BASELINES = ("torch_reference", "sdpa_flash", "sdpa_cudnn", "solution")
+SLOWEST_BASELINE = "torch_reference"   # the plain PyTorch loop: never a sensible full_at
+
+# Every section and key grading.toml may hold, with the type it must have and what is allowed.
+_NUMBER = "a number"
+_SCHEMA = {
+    "correctness": {"public_case_points": ("points", "a number >= 0 (points per public case)"),
+                    "hidden_case_points": ("points", "a number >= 0 (points per hidden case)"),
+                    "precision_factor": ("factor", "a number >= 1 (error <= factor x a plain "
+                                                   "fp16 implementation's + floor)"),
+                    "precision_floor": ("points", "a number >= 0 (the precision budget's floor)")},
+    "performance": {"points": ("points", "a number >= 0 (performance points)"),
+                    "zero_at": ("threshold", "\"baseline:<name>\" or a number of milliseconds > 0"),
+                    "full_at": ("threshold", "\"baseline:<name>\" or a number of milliseconds > 0")},
+    "display": {"pseudonyms": ("bool", "true or false"),
+                "hide_solution": ("bool", "true or false"),
+                "pseudonym_salt": ("text", "a non-empty string (change it for each course)")},
+}
+_FIELD = {("performance", "points"): "performance_points"}
+
+
+def load_policy(path: Path = POLICY_FILE, *, required: bool = False) -> Policy:
+    """Read grading.toml; a missing file gives the defaults (unless `required`: a --policy the
+    user named). Everything is checked before anything is graded: unknown sections and keys
+    (with the nearest known name), types, signs, threshold names and order. A malformed file is
+    a PolicyError with one line per problem, each naming the file, the line and key, and what
+    is allowed."""
+    path = Path(path)
+    if not path.exists():
+        if required:
+            raise PolicyError(f"{path}: no such policy file (see grading.toml for the format)")
         return Policy()
+    text = read_utf8(path, PolicyError, "the policy")
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise PolicyError(f"{path}: {e}") from None
-    flat = {}
-    sections = {"correctness": ("public_case_points", "hidden_case_points", "precision_factor",
-                                "precision_floor"),
-                "performance": ("points", "zero_at", "full_at"),
-                "display": ("pseudonyms", "hide_solution", "pseudonym_salt")}
-    for section, keys in sections.items():
-        for key, value in data.get(section, {}).items():
-            if key not in keys:
-                raise PolicyError(f"{path}: unknown key [{section}] {key}; known: {', '.join(keys)}")
-            flat["performance_points" if (section, key) == ("performance", "points") else key] = value
-    for key in ("zero_at", "full_at"):
-        value = flat.get(key)
-        if isinstance(value, str) and not value.startswith("baseline:"):
-            raise PolicyError(f"{path}: [performance] {key} = {value!r}: use \"baseline:<name>\" "
-                              f"or a number of milliseconds")
-    for key in ("precision_factor", "precision_floor"):
-        value = flat.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise PolicyError(f"{path}: [correctness] {key} = {value!r}: use a number >= 0 "
-                              f"(the precision budget: error <= factor x a plain fp16 "
-                              f"implementation's + floor)")
-    if flat.get("precision_factor") is not None and flat["precision_factor"] < 1:
-        raise PolicyError(f"{path}: [correctness] precision_factor = {flat['precision_factor']!r}: "
-                          f"below 1 would fail kernels as precise as plain fp16; use 1 or more")
-    return Policy(**flat)
+        raise PolicyError(f"{path}: not valid TOML: {e}") from None
+    problems: list[str] = []
+    flat: dict = {}
+
+    def bad(section: str | None, key: str | None, message: str) -> None:
+        line = _line_of(text, section, key)
+        where = f"{path}:{line}" if line else str(path)
+        name = f"[{section}] {key}" if section and key else f"[{section}]" if section else key
+        problems.append(f"{where}: {name}: {message}")
+
+    for section, body in data.items():
+        if section not in _SCHEMA:
+            kind = "section" if isinstance(body, dict) else "key outside any section"
+            bad(section if isinstance(body, dict) else None, None if isinstance(body, dict) else section,
+                f"unknown {kind}{_did_you_mean(section, _SCHEMA)}; known sections: "
+                f"{', '.join(f'[{s}]' for s in _SCHEMA)}")
+            continue
+        if not isinstance(body, dict):
+            bad(None, section, f"must be a section [{section}], not a value")
+            continue
+        for key, value in body.items():
+            spec = _SCHEMA[section].get(key)
+            if spec is None:
+                bad(section, key, f"unknown key{_did_you_mean(key, _SCHEMA[section])}; known: "
+                                  f"{', '.join(_SCHEMA[section])}")
+                continue
+            kind, allowed = spec
+            problem = _check(kind, value)
+            if problem:
+                bad(section, key, f"{value!r} {problem}; use {allowed}")
+                continue
+            flat[_FIELD.get((section, key), key)] = value
+    policy = Policy(**flat)
+    if not problems:
+        for problem in threshold_problems(policy):
+            bad("performance", "full_at" if "full_at" in problem else "zero_at", problem)
+    if problems:
+        raise PolicyError("\n".join(problems))
+    return policy
+
+
+def _check(kind: str, value) -> str:
+    """'' when `value` fits `kind`, else what is wrong with it."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind in ("points", "factor"):
+        if not number or not math.isfinite(value):
+            return "is not a number"
+        if value < (1 if kind == "factor" else 0):
+            return "is too small"
+        return ""
+    if kind == "threshold":
+        if isinstance(value, str):
+            if not value.startswith("baseline:"):
+                return "is neither \"baseline:<name>\" nor a number"
+            name = value.removeprefix("baseline:")
+            if name not in KNOWN_BASELINES:
+                return (f"names no baseline{_did_you_mean(name, KNOWN_BASELINES)} (baselines: "
+                        f"{', '.join(KNOWN_BASELINES)})")
+            return ""
+        if not number or not math.isfinite(value):
+            return "is not a number"
+        return "must be more than 0 ms" if value <= 0 else ""
+    if kind == "bool":
+        return "" if isinstance(value, bool) else "is not true or false"
+    if kind == "text":
+        return "" if isinstance(value, str) and value.strip() else "is not a non-empty string"
+    raise AssertionError(kind)
+
+
+def threshold_problems(policy: Policy) -> list[str]:
+    """Thresholds that would give every ranked submission the same performance points."""
+    slow, fast = policy.zero_at, policy.full_at
+    if slow == fast:
+        return [f"full_at and zero_at are both {fast!r}: performance points need two different "
+                f"thresholds, zero_at slower than full_at"]
+    if isinstance(slow, (int, float)) and isinstance(fast, (int, float)) and slow <= fast:
+        return [f"zero_at = {slow} ms is not slower than full_at = {fast} ms: swap them (zero "
+                f"points at zero_at or slower, full points at full_at or faster)"]
+    if fast == f"baseline:{SLOWEST_BASELINE}":
+        return [f"full_at = {fast!r} is the slowest baseline (the plain PyTorch loop), so "
+                f"zero_at = {slow!r} is faster than it: swap them"]
+    return []
+
+
+def missing_baselines(policy: Policy, available: set[str]) -> list[str]:
+    """The thresholds naming a baseline that is not in `available` (the baselines this run times,
+    or the result files a re-render has): without it every ranked submission gets 0 points."""
+    return [f"[performance] {key} = {spec!r}: no '{spec.removeprefix('baseline:')}' baseline "
+            f"{'result' if available else 'is timed'} here; every ranked submission would get no "
+            f"performance points. Grade with that baseline, or set {key} to a number of ms"
+            for key, spec in (("zero_at", policy.zero_at), ("full_at", policy.full_at))
+            if isinstance(spec, str) and spec.removeprefix("baseline:") not in available]
+
+
+def _did_you_mean(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _line_of(text: str, section: str | None, key: str | None) -> int | None:
+    """The line of `key` in `[section]` (or of the section header), for messages."""
+    current = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        header = re.match(r"^\[\s*([^\]]+?)\s*\]", stripped)
+        if header:
+            current = header[1].strip().strip('"')
+            if key is None and current == section:
+                return number
+            continue
+        m = re.match(r"^([\w\-\"'. ]+?)\s*=", stripped)
+        if m and key is not None and m[1].strip().strip('"\'') == key and current == section:
+            return number
+    return None

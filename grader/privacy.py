@@ -5,6 +5,12 @@ Every student-visible output (the students' page, the feedback files, Gradescope
 is rendered from `Redactor.student_result(r)`, never from the raw result; the instructor's
 outputs (leaderboard.html, grades.csv, logs) keep full detail.
 
+How much of the hidden cases' results a student sees depends on when the output is released:
+the feedback files and Gradescope's `after_published` tests, released with the grades, list
+each hidden case as "hidden case k" with its status; the students' page, which may be shared
+at any time, has no per-hidden-case verdict at all (`hidden_detail=False`): only the status and
+the count of hidden cases passed, which the score implies anyway.
+
 Two rules, because text has two sources:
 
 - Text produced while a hidden case ran (its message, its finding, what it launched) is
@@ -152,28 +158,41 @@ class Redactor:
         return CaseResult(case=h.name if h else "hidden case", status=c.status, hidden=True,
                           message=withheld_message(c))
 
-    def student_result(self, r: SubmissionResult, *, label: str | None = None) -> SubmissionResult:
-        """The result as every student-visible output shows it."""
-        cases = tuple(self.hidden_case_result(c) if (c.hidden or self.case(c.case)) else
-                      dataclasses.replace(c, message=self.text(c.message))
-                      for c in r.cases)
-        build = r.build and dataclasses.replace(r.build, artifact=None, message=self.text(r.build.message),
-                                                log_tail=self.text(r.build.log_tail))
+    def is_hidden(self, c: CaseResult) -> bool:
+        return c.hidden or self.case(c.case) is not None
+
+    def student_result(self, r: SubmissionResult, *, label: str | None = None,
+                       hidden_detail: bool = True) -> SubmissionResult:
+        """The result as every student-visible output shows it. `hidden_detail=False` (the
+        students' page): no hidden case at all, and no text that names one."""
+        text = self.text if hidden_detail else (lambda t: unnumber(self.text(t)))
+        cases = tuple(self.hidden_case_result(c) if self.is_hidden(c) else
+                      dataclasses.replace(c, message=text(c.message))
+                      for c in r.cases if hidden_detail or not self.is_hidden(c))
+        build = r.build and dataclasses.replace(r.build, artifact=None, message=text(r.build.message),
+                                                log_tail=text(r.build.log_tail))
         return dataclasses.replace(
-            r, label=label or r.label, message=self.verdict(r), hint=self.text(r.hint), build=build,
-            cases=cases, notes=tuple(self.text(n) for n in r.notes),
+            r, label=label or r.label, message=self.verdict(r, hidden_detail=hidden_detail),
+            hint=text(r.hint), build=build, cases=cases, notes=tuple(text(n) for n in r.notes),
             timed_case=self.case_name(r.timed_case) if r.timed_case else None)
 
-    def verdict(self, r: SubmissionResult) -> str:
+    def verdict(self, r: SubmissionResult, *, hidden_detail: bool = True) -> str:
         """The one-paragraph verdict; rebuilt from the statuses when it is about a hidden case,
         since its detail was printed while that case ran."""
         first = next((c for c in r.cases if c.status is r.status and c.status is not Status.PASS), None)
-        if first is not None and (first.hidden or self.case(first.case)):
+        if first is not None and self.is_hidden(first):
             ran = [c for c in r.cases if c.status is not Status.NOT_RUN]
             passed = sum(c.status is Status.PASS for c in ran)
-            return (f"{r.status.value} on {self.case_name(first.case)} ({passed} of {len(ran)} "
+            where = self.case_name(first.case) if hidden_detail else "a hidden case"
+            return (f"{r.status.value} on {where} ({passed} of {len(ran)} "
                     f"cases pass; details of hidden cases are not shown)")
-        return self.text(r.message)
+        return self.text(r.message) if hidden_detail else unnumber(self.text(r.message))
+
+
+def unnumber(text: str, replacement: str = "a hidden case") -> str:
+    """'hidden case 3' -> 'a hidden case': for outputs that must not tell hidden cases apart
+    (Gradescope's always-visible fields pass 'another case': they do not speak of hidden ones)."""
+    return re.sub(r"(?:\bcase )?\bhidden case \d+", replacement, text) if text else text
 
 
 def withheld_message(c: CaseResult) -> str:

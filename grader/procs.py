@@ -7,6 +7,7 @@ counted and dropped, so nothing unbounded reaches memory or disk.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import re
@@ -15,9 +16,80 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Callable
 
 from . import config
 from .text import clean
+
+# Every child of a grading run carries this variable (its value: the run's token), so the run's
+# reaper (grader/reaper.py) can find a stray that left its process group, and tests can look
+# for orphans in /proc/<pid>/environ.
+RUN_TOKEN_ENV = "GRADER_RUN_TOKEN"
+PR_SET_PDEATHSIG = 1
+# Loaded before any fork: the child, between fork and exec, only calls prctl through it.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class Cancelled(RuntimeError):
+    """The run is stopping (Ctrl-C, SIGTERM): no new child process starts."""
+
+
+class _Children:
+    """The live children of this process (each the leader of its own process group), so that
+    a Ctrl-C kills all of them at once and a watcher (the run's reaper) always knows them."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.live: dict[int, subprocess.Popen] = {}
+        self.cancelled = threading.Event()
+        self.watch: Callable[[str, int], None] | None = None   # ('+' | '-', pgid)
+        self.token = ""
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.live[proc.pid] = proc
+            if self.watch:
+                self.watch("+", proc.pid)
+
+    def remove(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            if self.live.pop(proc.pid, None) is not None and self.watch:
+                self.watch("-", proc.pid)
+
+
+CHILDREN = _Children()
+
+
+def cancel_all() -> int:
+    """Stop the run's children: nothing new starts, every live process group is killed (their
+    waiting threads then return at once). Returns how many groups were killed."""
+    CHILDREN.cancelled.set()
+    with CHILDREN.lock:
+        pids = list(CHILDREN.live)
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(pids)
+
+
+def start_run(token: str, watch: Callable[[str, int], None] | None = None) -> None:
+    """A new run: children may start again, carry `token` in RUN_TOKEN_ENV, and are reported to
+    `watch` as they start and end."""
+    with CHILDREN.lock:
+        CHILDREN.cancelled.clear()
+        CHILDREN.token, CHILDREN.watch = token, watch
+        for pid in CHILDREN.live:
+            if watch:
+                watch("+", pid)
+
+
+def end_run() -> None:
+    """The run is over (its children killed): children may start again, unwatched."""
+    with CHILDREN.lock:
+        CHILDREN.token, CHILDREN.watch = "", None
+        CHILDREN.cancelled.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,16 +166,28 @@ def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathL
     driver maps far more virtual memory than it uses); `file_bytes` caps any file they write;
     `pass_fds` stay open in the child."""
 
-    def set_limits() -> None:
+    parent = os.getpid()
+
+    def prepare_child() -> None:
+        # The child dies with the thread that started it, even by kill -9 (its own children are
+        # in its process group, which the reaper and cancel_all kill).
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:   # the parent died before prctl took effect
+            os._exit(1)
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         if file_bytes:
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
 
+    if CHILDREN.cancelled.is_set():
+        raise Cancelled("the run is stopping: no new process is started")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True,
-                            preexec_fn=set_limits if (memory_bytes or file_bytes) else None,
-                            pass_fds=pass_fds)
+                            preexec_fn=prepare_child, pass_fds=pass_fds)
+    CHILDREN.add(proc)
+    if CHILDREN.cancelled.is_set():   # cancelled while it started: cancel_all may have missed it
+        kill_group(proc)
+        raise Cancelled("the run is stopping: no new process is started")
     reader = _CappedReader(proc.stdout, head_bytes, tail_bytes)
     reader.start()
     return proc, reader
@@ -141,6 +225,7 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    CHILDREN.remove(proc)
 
 
 def child_env(*, cuda: bool) -> dict:
@@ -151,6 +236,8 @@ def child_env(*, cuda: bool) -> dict:
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(config.REPO_ROOT), env.get("PYTHONPATH")]))
+    if CHILDREN.token:
+        env[RUN_TOKEN_ENV] = CHILDREN.token
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""

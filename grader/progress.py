@@ -39,7 +39,8 @@ class Progress:
     the count of each status when it closes."""
 
     def __init__(self, total: int, *, live: bool | None = None, stream=None):
-        self.total, self.finished = total, 0
+        self.total, self.finished = total, 0      # finished: graded + skipped + kept
+        self.graded = self.unchanged = self.kept = self.missing = 0
         self.counts: collections.Counter = collections.Counter()
         self.stream = stream or sys.stderr
         self.t0 = time.monotonic()
@@ -68,7 +69,9 @@ class Progress:
             print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.stream, flush=True)
 
     def eta(self) -> str:
-        left = eta_seconds(self.finished, self.total, time.monotonic() - self.t0)
+        """At the pace of what was graded (a skip takes no time)."""
+        left = eta_seconds(self.graded, self.graded + self.total - self.finished,
+                           time.monotonic() - self.t0)
         return "" if left is None else f"about {clock(left)} left"
 
     def stage(self, sub_id: str, stage: str) -> None:
@@ -79,6 +82,7 @@ class Progress:
 
     def done(self, result: "SubmissionResult") -> None:
         self.finished += 1
+        self.graded += 1
         self.counts[result.status.value] += 1
         verdict = result.message.splitlines()[0] if result.message else ""
         eta = self.eta()
@@ -87,13 +91,47 @@ class Progress:
         if self._rich is not None:
             self._rich.update(self._task, advance=1)
 
+    def skipped(self, result: "SubmissionResult | None", sub_id: str, *, kept: bool = False) -> None:
+        """Not graded in this run: unchanged since `result` (a line each), or `kept` because
+        --only named others (counted; a line only when it has no result, which shows as missing)."""
+        self.finished += 1
+        if kept:
+            self.kept += 1
+            if result is None:
+                self.missing += 1
+                self._line(f"{sub_id}: not in --only and no result: shown as missing")
+        else:
+            self.unchanged += 1
+            self._line(f"{result.label}: unchanged since {result.graded_at or 'its last grading'}, "
+                       f"skipped: {result.status.value} [{self.finished}/{self.total}]")
+        if result is not None:
+            self.counts[result.status.value] += 1
+        if self._rich is not None:
+            self._rich.update(self._task, advance=1)
+
     def note(self, text: str) -> None:
         self._line(text)
 
-    def close(self) -> None:
+    def summary(self, *, interrupted: bool = False, missing: int | None = None) -> str:
+        """'graded 280 of 298 in 3m05s, skipped 15 unchanged, 3 missing results: 250 pass · …';
+        the statuses count every result of the run, skipped ones too."""
+        missing = self.missing if missing is None else missing
+        parts = [f"graded {self.graded} of {self.total} in {clock(time.monotonic() - self.t0)}"]
+        if self.unchanged:
+            parts.append(f"skipped {self.unchanged} unchanged")
+        if self.kept:
+            parts.append(f"kept {self.kept} (not in --only)")
+        if missing:
+            parts.append(f"{missing} missing result{'s' if missing != 1 else ''}")
+        if interrupted:
+            parts.append(f"interrupted: {self.graded} of {self.total - self.finished + self.graded} "
+                         f"graded")
+        return ", ".join(parts) + f": {status_totals(self.counts)}"
+
+    def close(self, *, interrupted: bool = False, missing: int | None = None) -> None:
         if self._rich is not None:
             self._rich.stop()
             self._rich = None
-        if self.finished:
-            print(f"graded {self.finished} of {self.total} in {clock(time.monotonic() - self.t0)}: "
-                  f"{status_totals(self.counts)}", file=self.stream, flush=True)
+        if self.finished or interrupted:
+            print(self.summary(interrupted=interrupted, missing=missing), file=self.stream,
+                  flush=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from . import config
-from .exports import write_exports
+from .exports import is_scored, why_no_grades, write_exports
 from .policy import Policy, Score, load_policy
 from .privacy import Redactor
 from .results import SubmissionResult, read_results, write_json_atomic
@@ -40,8 +40,10 @@ class Row:
     speedup_vs_reference: float | None
     speedup_vs_flash: float | None
     percent_of_peak: float | None    # TFLOP/s over the GPU's fp16 matmul rate measured in the run
-    score: Score | None
+    score: Score | None              # None: not scored (no score, never a 0: see exports.is_scored)
     verdict: str = ""                # the message's first line; hidden shapes masked on public pages
+    hidden_passed: int | None = None  # the students' page: hidden cases as a count only
+    hidden_total: int | None = None
 
     @property
     def movement(self) -> int | None:
@@ -71,7 +73,8 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
                public: bool = False) -> list[Row]:
     """Ranked rows first (by median time, baselines placed among them), then the rest.
     `public`: the student-facing view: pseudonyms, the solution hidden (as the policy says), and
-    every result as privacy.Redactor shows it (no hidden case, absolute path or real id)."""
+    every result as privacy.Redactor shows it on that page (no hidden case, absolute path or
+    real id; hidden cases only as a count). A run that cannot give grades scores no one."""
     policy = policy or Policy(pseudonyms=False, hide_solution=False)
     run = run or {}
     cases = run.get("cases", [])
@@ -86,6 +89,7 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
     names = {r.id: policy.pseudonym(r.id) for r in results if r.role == "student"} \
         if policy.pseudonyms else {}
     redactor = Redactor.for_run(run, names if public else {})
+    grading = bool(cases) and why_no_grades(run) is None
 
     rows, rank = [], 0
     for r in timed + others:
@@ -94,22 +98,25 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
             rank += 1
         t = r.timing.median_ms if r.ranked else None
         name = names[r.id] if (public and student and names) else r.label
-        shown = redactor.student_result(r, label=name) if public else r
+        shown = redactor.student_result(r, label=name, hidden_detail=False) if public else r
+        hidden = [c for c in r.cases if redactor.is_hidden(c)] if public else []
         rows.append(Row(
             result=shown, name=name, rank=rank if (r.ranked and student) else None,
             previous_rank=(previous or {}).get(r.id) if student else None,
             speedup_vs_reference=ref_ms / t if (t and ref_ms) else None,
             speedup_vs_flash=flash_ms / t if (t and flash_ms) else None,
             percent_of_peak=100 * r.timing.tflops / peak if (t and peak) else None,
-            score=policy.score(r, cases, baselines) if student and cases else None,
-            verdict=shown.message.splitlines()[0] if shown.message else ""))
+            score=policy.score(r, cases, baselines) if student and grading and is_scored(r) else None,
+            verdict=shown.message.splitlines()[0] if shown.message else "",
+            hidden_passed=sum(c.status is Status.PASS for c in hidden) if hidden else None,
+            hidden_total=len(hidden) if hidden else None))
     return rows
 
 
 def status_counts(rows: list[Row], missing: int = 0) -> list[tuple[str, int]]:
     """(status, count) of the students' rows, worst first, statuses with no row left out; the
     roster's students with no submission as `missing`."""
-    counts = {s: 0 for s in SEVERITY}
+    counts = {s: 0 for s in [*SEVERITY, *(s for s in Status if s not in SEVERITY)]}
     for row in rows:
         if row.result.role == "student":
             counts[row.result.status] += 1
@@ -166,10 +173,15 @@ def chart(rows: list[Row], *, width: int = 640, bar_height: int = 18, top_n: int
                 top_n=min(top_n, len(students)))
 
 
-def scope_notes(run: dict) -> list[str]:
+def scope_notes(run: dict, *, public: bool = False) -> list[str]:
     """What was and was not run, in plain words, for the top of the page."""
     device = run["device"]
     notes = []
+    if why_no_grades(run):
+        notes.append("No scores: this run could not check correctness; scores come from the "
+                     "grading run on the course's GPU machine." if public else
+                     f"No scores: {why_no_grades(run)}. grades.csv and the Canvas and Gradescope "
+                     f"files were not written.")
     if run.get("sandboxed") is False:
         notes.append(f"WARNING: {run['sandbox']}. Submissions ran as plain processes: they could "
                      f"read the solution, the hidden cases and each other's code, and use the network.")
@@ -251,7 +263,7 @@ def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], publi
                        joined=None, missing: int = 0) -> str:
     """The page. `public`: the students' page (its rows from build_rows(public=True)), notes
     scrubbed of paths; `joined`: the roster join, listed on the instructors' page."""
-    notes = scope_notes(run)
+    notes = scope_notes(run, public=public)
     if public:
         notes = [Redactor.for_run(run).text(n) for n in notes]
     missing = len(joined.missing) if joined else missing

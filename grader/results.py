@@ -1,8 +1,10 @@
-"""Result files: one JSON per submission, written atomically the moment it is known."""
+"""Result files: one JSON per submission, written atomically the moment it is known, and read
+back as one run's roster: every submission the run file lists, and only those."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import tempfile
@@ -14,6 +16,18 @@ from .status import Status
 from .timing import TimingStats
 
 SCHEMA_VERSION = 1
+RUN_FILE = "_run.json"      # the run's device, cases, limits, roster and progress (report.RUN_FILE)
+# A roster entry with no usable result is shown with this status (the grading side's failure,
+# never scored) and a message that says why; `SubmissionResult.no_result` marks the placeholder.
+NO_RESULT_STATUS = Status.NO_RESULT
+
+
+class ResultUnreadable(ValueError):
+    """A result file that cannot be used: missing, truncated, not JSON, or of a newer schema."""
+
+
+class RunFileError(ValueError):
+    """The run file is missing, truncated or not what a grader wrote."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +46,10 @@ class SubmissionResult:
     notes: tuple[str, ...] = ()  # what was and was not run, and why
     wall_s: float = 0.0          # grading wall time of this submission, build included
     graded_at: str = ""
+    # What determined this result (grader/runs.py: source, cases, grader, policy, device,
+    # limits, sandbox), as (part, digest) pairs: a rerun with the same key skips it.
+    key: tuple[tuple[str, str], ...] = ()
+    no_result: str = ""          # a placeholder for a roster entry with no usable result: why
 
     @property
     def launched(self) -> tuple[str, tuple[tuple[str, int], ...]] | None:
@@ -49,18 +67,28 @@ class SubmissionResult:
                     hint=self.hint, build=self.build.to_dict() if self.build else None,
                     cases=[c.to_dict() for c in self.cases], timed_case=self.timed_case,
                     timing=self.timing.to_dict() if self.timing else None,
-                    notes=list(self.notes), wall_s=self.wall_s, graded_at=self.graded_at)
+                    notes=list(self.notes), wall_s=self.wall_s, graded_at=self.graded_at,
+                    key=dict(self.key))
 
     @classmethod
     def from_dict(cls, d: dict) -> "SubmissionResult":
+        """Fields a newer grader added (here or in a nested record) are ignored; a missing
+        required one raises KeyError, a status this grader does not know ValueError."""
+        build = d.get("build")
+        if build:   # BuildResult takes exactly its fields
+            build = BuildResult.from_dict({k: v for k, v in build.items() if k in _BUILD_FIELDS})
         return cls(id=d["id"], label=d["label"], kind=d["kind"], role=d["role"],
                    status=Status(d["status"]), message=d["message"], hint=d.get("hint", ""),
-                   build=BuildResult.from_dict(d["build"]) if d.get("build") else None,
+                   build=build or None,
                    cases=tuple(CaseResult.from_dict(c) for c in d.get("cases", ())),
                    timed_case=d.get("timed_case"),
                    timing=TimingStats.from_dict(d["timing"]) if d.get("timing") else None,
                    notes=tuple(d.get("notes", ())), wall_s=d.get("wall_s", 0.0),
-                   graded_at=d.get("graded_at", ""))
+                   graded_at=d.get("graded_at", ""),
+                   key=tuple(sorted((str(k), str(v)) for k, v in (d.get("key") or {}).items())))
+
+
+_BUILD_FIELDS = {f.name for f in dataclasses.fields(BuildResult)}
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -78,28 +106,132 @@ def write_json_atomic(path: Path, data) -> None:
         raise
 
 
+def path_for(out_dir: Path, id: str, role: str) -> Path:
+    """Where the result of submission `id` lives (baselines, the solution among them, apart)."""
+    if role == "baseline":
+        return out_dir / "baselines" / f"{id}.json"
+    return out_dir / f"{id}.json"
+
+
 def result_path(out_dir: Path, result: SubmissionResult) -> Path:
-    if result.role == "baseline":
-        return out_dir / "baselines" / f"{result.id}.json"
-    return out_dir / f"{result.id}.json"
+    return path_for(out_dir, result.id, result.role)
 
 
 def write_result(out_dir: Path, result: SubmissionResult) -> Path:
+    if result.no_result:
+        raise ValueError(f"{result.id}: a placeholder ({result.no_result}) is never written")
     path = result_path(out_dir, result)
     write_json_atomic(path, result.to_dict())
     return path
 
 
-def read_results(out_dir: Path) -> list[SubmissionResult]:
-    """Every result file in `out_dir` (students) and `out_dir/baselines`; unreadable ones skipped."""
+def load_result(path: Path) -> SubmissionResult:
+    """One result file, or ResultUnreadable saying what is wrong with it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultUnreadable("no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultUnreadable(f"cannot be read ({e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        what = "empty" if not text.strip() else "truncated or not JSON"
+        raise ResultUnreadable(f"{what} ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(data, dict):
+        raise ResultUnreadable(f"not a result (a JSON {type(data).__name__})")
+    schema = data.get("schema")
+    if isinstance(schema, int) and schema > SCHEMA_VERSION:
+        raise ResultUnreadable(f"written by a newer grader (schema {schema}; this grader reads "
+                               f"schema {SCHEMA_VERSION}): update the grader, or regrade")
+    if schema != SCHEMA_VERSION:
+        raise ResultUnreadable(f"not a result of this grader (schema {schema!r})")
+    try:
+        return SubmissionResult.from_dict(data)
+    except KeyError as e:
+        raise ResultUnreadable(f"field {e.args[0]!r} is missing") from None
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ResultUnreadable(f"a field has a value this grader does not know ({e})") from None
+
+
+def read_run(out_dir: Path, *, complete: bool = True) -> dict:
+    """The run file of `out_dir`, or RunFileError naming the file and what to do. `complete`:
+    it must also hold what the pages need (the device and the cases)."""
+    path = out_dir / RUN_FILE
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunFileError(f"{path}: no such file; run 'python -m grader grade' first") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunFileError(f"{path}: truncated or not JSON ({e}); the run that wrote it did not "
+                           f"finish writing it: grade again ('python -m grader grade'; unchanged "
+                           f"submissions are skipped)") from None
+    if not isinstance(run, dict):
+        raise RunFileError(f"{path}: not a grading run's file (a JSON {type(run).__name__}); grade again")
+    if complete and not (isinstance(run.get("device"), dict) and isinstance(run.get("cases"), list)):
+        raise RunFileError(f"{path}: not a grading run's file (no device or cases); grade again")
+    return run
+
+
+def placeholder(entry: dict, path: Path, reason: str) -> SubmissionResult:
+    """The row of a roster entry that has no usable result: never silently absent."""
+    why = f"result {'missing' if 'no such file' in reason else 'unreadable'}: {path}: {reason}"
+    return SubmissionResult(id=entry["id"], label=entry.get("label") or entry["id"],
+                            kind=entry.get("kind", "invalid"), role=entry.get("role", "student"),
+                            status=NO_RESULT_STATUS, message=why, no_result=why,
+                            notes=("no result for this run: it is not graded",))
+
+
+def _missing_reason(run: dict) -> str:
+    state = run.get("state")
+    if state == "running":
+        return "no such file: not graded yet (the run is in progress, or was killed: grade again)"
+    if state == "interrupted":
+        return "no such file: not graded (the run was interrupted; grade again to finish)"
+    return "no such file (deleted?): regrade it with 'python -m grader grade --only ID'"
+
+
+def read_results(out_dir: Path, run: dict | None = None) -> list[SubmissionResult]:
+    """The results of the run in `out_dir`: one per entry of its roster, in roster order, a
+    placeholder (`no_result`, NO_RESULT_STATUS) for an entry whose file is missing, unreadable,
+    of a newer schema, or graded with another key than the run's; results of other runs in the
+    folder are left out. A run file from before rosters (no 'roster') reads as it always did:
+    every readable result file in the folder. RunFileError for a truncated run file."""
+    if run is None:
+        run = read_run(out_dir, complete=False) if (out_dir / RUN_FILE).exists() else {}
+    if not isinstance(run.get("roster"), list):
+        return _every_result(out_dir)
+    results = []
+    for entry in run["roster"]:
+        path = out_dir / entry["result"]
+        try:
+            result = load_result(path)
+        except ResultUnreadable as e:
+            reason = _missing_reason(run) if str(e) == "no such file" else str(e)
+            results.append(placeholder(entry, path, reason))
+            continue
+        want = entry.get("key")
+        if want and key_digest(result.key) != want:
+            results.append(placeholder(entry, path, "graded from other inputs than this run's "
+                                       "(not regraded: the run was interrupted or stopped); grade again"))
+            continue
+        results.append(result)
+    return results
+
+
+def _every_result(out_dir: Path) -> list[SubmissionResult]:
     results = []
     for path in sorted(out_dir.glob("*.json")) + sorted((out_dir / "baselines").glob("*.json")):
         if path.name.startswith("_"):
             continue
         try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            results.append(load_result(path))
+        except ResultUnreadable:
             continue
-        if isinstance(data, dict) and data.get("schema") == SCHEMA_VERSION:
-            results.append(SubmissionResult.from_dict(data))
     return results
+
+
+def key_digest(key) -> str:
+    """One digest of a result's key ((part, digest) pairs, or a dict of them)."""
+    pairs = sorted(dict(key).items())
+    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16] if pairs else ""

@@ -108,13 +108,12 @@ def inspect_folder(path: Path, *, role: Role = Role.STUDENT, id: str | None = No
     return Submission(sid, path, Kind.CUDA if has_cu else Kind.PYTHON, role)
 
 
-def discover(root: Path) -> list[Submission]:
-    """Every sub-folder of `root`, sorted by name; `root` itself if it is a submission folder."""
-    root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such folder of submissions. Pass a folder that "
-                                f"contains one folder per student, or one submission folder.")
-    if (root / CUDA_FILE).exists() or (root / PYTHON_FILE).exists():
-        return [inspect_folder(root)]
-    return [inspect_folder(p) for p in sorted(root.iterdir())
-            if p.is_dir() and not p.name.startswith((".", "_"))]
+def discover(root: Path, *, scratch: Path | None = None) -> list[Submission]:
+    """Every student of a drop, sorted by id; `root` itself if it is a submission folder. The
+    layouts a course gets (folders, nested folders, archives, Canvas and Gradescope exports) and
+    the entries left out, with why, are grader/intake.py's: `open_drop` returns both. Raises
+    intake.DropError for a missing path or a drop with nothing to grade."""
+    from .intake import open_drop   # intake builds on this module
+    from . import config
+    scratch = scratch or config.DEFAULT_BUILD / config.DROP_SCRATCH
+    return list(open_drop(Path(root), scratch=scratch).submissions)

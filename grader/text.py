@@ -4,7 +4,8 @@ Everything a submission's processes produce (their output, messages, tracebacks,
 report) passes through `clean` before the grader keeps it: valid UTF-8 whatever the bytes were
 (lone surrogates and undecodable bytes become U+FFFD), control and escape characters shown as
 visible escapes (`\\x1b`), never sent raw to a terminal or a file, and a capped length. Reports,
-pages and terminals then never fail on, or obey, a submission's text.
+pages and terminals then never fail on, or obey, a submission's text. The instructor's own files
+(cases, policy) are read with `read_utf8`, whose errors name the file and the line.
 """
 
 from __future__ import annotations
@@ -41,3 +42,19 @@ def clean(text: str | bytes | None, limit: int = DEFAULT_LIMIT) -> str:
 def clean_line(text: str | bytes | None, limit: int = 300) -> str:
     """One line of a submission's text (a name, an id): no line breaks either."""
     return clean(text, limit).replace("\n", " ").replace("\t", " ")
+
+
+def read_utf8(path, error: type[Exception], what: str) -> str:
+    """The text of a file the instructor wrote (cases, policy): a BOM, as Windows editors write
+    one, is fine; a file that cannot be read, or a byte that is not UTF-8, raises `error` with the
+    file, the line and the fix."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise error(f"{path}: cannot read {what} ({e.strerror}).") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise error(f"{path}:{line}: byte 0x{data[e.start]:02x} is not UTF-8; save the file as "
+                    f"UTF-8.") from None

@@ -31,9 +31,13 @@ class TimingStats:
     wall_median_ms: float = 0.0    # the harness's host clock alone: "go" to the reply
     fence_median_ms: float = 0.0   # the harness's GPU clock alone: to its first GPU work after the reply
     raw_mean_ms: float = 0.0       # mean of the later clock, before the copy is subtracted
-    protocol_ms: float = 0.0       # subtracted from each call: the protocol's own cost, measured on a null subject
+    protocol_ms: float = 0.0       # mean subtracted per call: the protocol's own cost (ProtocolCost), measured on null subjects
     rtt_ms: float = 0.0            # one request/reply round trip with the subject (not subtracted)
     launched: tuple = ()           # [name, count, GPU µs] over the timed calls, as the subject reported them
+    subject_events_ms: float = 0.0 # diagnostic only, never ranked: the median of the subject's own CUDA
+                                   # events around its calls, as it reported them (the protocol's overhead
+                                   # is median_ms against this, on the same calls: bench/timing_trust.py)
+    subject_host_ms: float = 0.0   # diagnostic only: the subject's host clock from request to reply
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -43,6 +47,40 @@ class TimingStats:
         known = {f.name for f in dataclasses.fields(cls)}
         d = {k: v for k, v in d.items() if k in known}
         return cls(**{**d, "launched": tuple(tuple(x) for x in d.get("launched", ()))})
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtocolCost:
+    """What the protocol itself adds to a timed call, measured once per run by the harness on
+    trusted subjects that load no submission (grader/harness.py calibrate):
+
+    - idle_ms: a call that does no GPU work (the round trip, the output's copy, two GPU context
+      switches);
+    - busy_ms: a call whose GPU work lasts busy_work_ms (a GPU wait of a few milliseconds), less
+      that work as the subject's own CUDA events measured it. On an H100 this is 0.4-0.6 ms more
+      than idle_ms, and about the same from 2 to 25 ms of work (notes/gpu_runs.md).
+
+    A call of w ms of work beyond the idle cost pays idle_ms plus the difference, scaled by
+    min(w / busy_work_ms, 1). The subtracted cost grows with the raw time at a slope below 1, so
+    a slower call is never ranked faster."""
+    idle_ms: float = 0.0
+    busy_ms: float = 0.0
+    busy_work_ms: float = 0.0
+
+    def for_call(self, raw_ms: float) -> float:
+        extra = self.busy_ms - self.idle_ms
+        if extra <= 0 or self.busy_work_ms <= 0:
+            return self.idle_ms
+        share = min(max(raw_ms - self.idle_ms, 0.0) / self.busy_work_ms, 1.0)
+        return self.idle_ms + min(extra, 0.5 * self.busy_work_ms) * share
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "ProtocolCost":
+        d = d or {}
+        return cls(**{f.name: float(d.get(f.name, 0.0)) for f in dataclasses.fields(cls)})
 
 
 def relative_standard_error(times_ms: list[float]) -> float:

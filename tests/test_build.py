@@ -1,6 +1,6 @@
 import pytest
 
-from grader import config
+from grader import build, config
 from grader.build import build_submission, relevant_log
 from grader.device import DeviceInfo
 from grader.status import Status
@@ -36,11 +36,63 @@ def test_python_import_errors_are_build_errors(make_submission, tmp_path):
     assert r.status is Status.PASS
 
 
-def test_import_that_hangs_times_out(make_submission, tmp_path):
+def test_import_that_hangs_times_out(make_submission, tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "machine_load", lambda: 0.1)   # an idle machine: the student's
     hang = make_submission("hang", "import time\ntime.sleep(600)\n")
     r = build_submission(inspect_folder(hang), build_dir=tmp_path / "b", device=CPU,
                          limits=config.Limits(import_s=3))
-    assert r.status is Status.TIMEOUT and "within 3 s" in r.message
+    assert r.status is Status.TIMEOUT and "within 3 s" in r.message and "twice" not in r.message
+    assert r.elapsed_s < 6
+
+
+def test_a_timeout_on_an_overloaded_machine_is_retried_then_the_machines(make_submission, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setattr(build, "machine_load", lambda: 9.0)
+    hang = make_submission("hang", "import time\ntime.sleep(600)\n")
+    r = build_submission(inspect_folder(hang), build_dir=tmp_path / "b", device=CPU,
+                         limits=config.Limits(import_s=2))
+    assert r.status is Status.ENVIRONMENT_ERROR and not r.status.scored
+    assert "twice" in r.message and "overloaded (load 9.0 per core)" in r.message
+    assert "not your fault" in r.message and r.elapsed_s >= 4
+
+
+def test_a_missing_provided_module_is_the_machines_fault_and_retried(make_submission, tmp_path,
+                                                                     monkeypatch):
+    monkeypatch.setattr(config, "PROVIDED_MODULES", (*config.PROVIDED_MODULES, "grader_absent_mod"))
+    calls = []
+    real = build._build_once
+    monkeypatch.setattr(build, "_build_once", lambda *a, **k: calls.append(1) or real(*a, **k))
+    sub = make_submission("needs", "import grader_absent_mod\ndef custom_kernel(d):\n    return d[0]\n")
+    r = build_submission(inspect_folder(sub), build_dir=tmp_path / "b", device=CPU, limits=config.Limits())
+    assert r.status is Status.ENVIRONMENT_ERROR and len(calls) == 2
+    assert "lacks the Python module 'grader_absent_mod'" in r.message and "tried twice" in r.message
+    # a module the course does not provide is the student's own import error
+    other = make_submission("other", "import grader_unknown_mod\n")
+    r = build_submission(inspect_folder(other), build_dir=tmp_path / "b2", device=CPU, limits=config.Limits())
+    assert r.status is Status.BUILD_ERROR and "grader_unknown_mod" in r.message
+
+
+def test_a_submission_cannot_claim_the_machine_lacks_a_module_it_has(make_submission, tmp_path):
+    liar = make_submission("liar", "raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    r = build_submission(inspect_folder(liar), build_dir=tmp_path / "b", device=CPU, limits=config.Limits())
+    assert r.status is Status.BUILD_ERROR
+
+
+def test_environment_problem_reads_tools_and_headers(monkeypatch):
+    monkeypatch.setattr(build, "cuda_include_dirs", lambda: [])
+    monkeypatch.setattr(build, "_cuda_home_include", lambda: [])
+    out = "/x/ATen/cuda/CUDAContext.h:7:10: fatal error: cusparse.h: No such file or directory\n"
+    assert "cusparse.h" in build.environment_problem(out, "compile_only")
+    assert build.environment_problem(out, "import") == ""
+    assert build.environment_problem("fatal error: mine.h: No such file or directory", "compile_only") == ""
+
+
+def test_cuda_without_nvcc_is_an_environment_error(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "submission.cu").write_text("// x")
+    r = build_submission(inspect_folder(tmp_path / "s"), build_dir=tmp_path / "b", device=CPU,
+                         limits=config.Limits())
+    assert r.status is Status.ENVIRONMENT_ERROR and "nvcc" in r.message and "not graded" in r.message
 
 
 def test_invalid_folder_is_a_build_error_with_the_reason(tmp_path):
@@ -72,3 +124,31 @@ def test_first_open_todo_skips_boilerplate_and_orders_by_number():
     assert first_open_todo("int main() {}") is None
     skeleton = (config.REPO_ROOT / "student" / "submission.cu").read_text()
     assert first_open_todo(skeleton).startswith("TODO(1.1)")
+
+
+def test_only_the_machines_outcomes_go_unscored():
+    assert {s for s in Status if not s.scored} == {Status.NOT_RUN, Status.ENVIRONMENT_ERROR,
+                                                   Status.NO_RESULT}
+    assert "not your fault" in Status.ENVIRONMENT_ERROR.description
+    assert all(s.description for s in Status)
+
+
+def test_a_run_that_times_out_on_an_overloaded_machine_is_retried_then_the_machines(monkeypatch):
+    import types
+    from grader import pipeline
+    calls, notes = [], []
+    def timed_out(*a):
+        calls.append(1)
+        return {"c1": dict(status="timeout", message="still running after 2 s"),
+                "c2": dict(status="pass", message="")}, "log"
+    monkeypatch.setattr(pipeline, "run_cases", timed_out)
+    ctx = types.SimpleNamespace(progress=types.SimpleNamespace(note=notes.append))
+    sub = types.SimpleNamespace(id="alice")
+    monkeypatch.setattr(pipeline, "machine_load", lambda: 0.5)      # idle: the student's timeout
+    runs, _ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    assert runs["c1"]["status"] == "timeout" and len(calls) == 1 and not notes
+    monkeypatch.setattr(pipeline, "machine_load", lambda: 9.0)      # overloaded: twice, the machine's
+    runs, _ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    assert len(calls) == 3 and "overloaded" in notes[0]
+    assert runs["c1"]["status"] == "environment_error" and "not your" in runs["c1"]["message"]
+    assert runs["c2"]["status"] == "pass"

@@ -43,6 +43,12 @@ def test_comments_blank_lines_and_overrides(tmp_path):
     ("batch_size: 1; heads: 64; seq_len: 8; head_dim: 128; seed: 1", "unknown field 'heads'"),
     ("batch_size 1; num_heads: 64; seq_len: 8; head_dim: 128; seed: 1", "is not 'name: value'"),
     ("batch_size: 1; batch_size: 2; num_heads: 64; seq_len: 8; head_dim: 128; seed: 1", "given twice"),
+    ("batch_size: 1; num_heads: 1; seq_len: 9; head_dim: 64; seed: 1; rtol: -0.01",
+     "rtol must be a finite number >= 0 (the default is 1e-2); got -0.01"),
+    ("batch_size: 1; num_heads: 1; seq_len: 9; head_dim: 64; seed: 1; atol: nan", "atol must be a finite number >= 0"),
+    ("batch_size: 1; num_heads: 1; seq_len: 9; head_dim: 64; seed: 1; atol: 1e-2x", "atol must be a number; got '1e-2x'"),
+    ("batch_size: 1; num_heads: 1; seq_len: 9; head_dim: 64; seed: -4", "seed must be a whole number from 0"),
+    ("batch_size: -1; num_heads: 1; seq_len: 9; head_dim: 64; seed: 1", "batch_size must be at least 1; got -1"),
 ])
 def test_malformed_line_names_file_line_and_fix(tmp_path, line, fragment):
     f = tmp_path / "cases.txt"
@@ -72,3 +78,28 @@ def test_all_cases_sorted_small_first_and_largest_is_public():
     assert any(c.hidden for c in cases)
     assert largest(cases).id == "b4_h64_s8192_d128"
     assert len(load_all_cases(config.PUBLIC_CASES, None)) == 3
+
+
+def test_a_bom_is_accepted(tmp_path):
+    f = tmp_path / "bom.txt"
+    f.write_bytes(b"\xef\xbb\xbfbatch_size: 1; num_heads: 2; seq_len: 3; head_dim: 64; seed: 5\n")
+    [case] = load_cases(f)
+    assert case.batch_size == 1
+
+
+def test_a_byte_that_is_not_utf8_names_the_line(tmp_path):
+    f = tmp_path / "latin1.txt"
+    f.write_bytes(b"# ok\n# caf\xe9\nbatch_size: 1; num_heads: 2; seq_len: 3; head_dim: 64; seed: 5\n")
+    with pytest.raises(CaseFileError, match=r"latin1.txt:2: byte 0xe9 is not UTF-8"):
+        load_cases(f)
+
+
+def test_every_bad_line_is_reported_at_once(tmp_path):
+    f = tmp_path / "c.txt"
+    f.write_text("batch_size: 0; num_heads: 2; seq_len: 3; head_dim: 64; seed: 5\n"
+                 "batch_size: 1; num_heads: 2; seq_len: 3; head_dim: 64; seed: 5\n"
+                 "batch_size: 1; num_heads: 2; seq_len: 3; head_dim: 64; seed: 5; rtol: -1\n")
+    with pytest.raises(CaseFileError) as e:
+        load_cases(f)
+    lines = str(e.value).splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == [f"{f}:1", f"{f}:3"]

@@ -41,8 +41,8 @@ def test_examples_without_a_gpu(tmp_path):
     proc, results = grade_examples(tmp_path, "--cpu", "--no-solution")
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected = {name: v["cpu"] for name, v in expected_verdicts().items()}
-    if importlib.util.find_spec("triton") is None:   # no interpreter here: an import failure
-        expected["triton_flash"] = "build_error"
+    if importlib.util.find_spec("triton") is None:   # the machine's fault, never the student's
+        expected["triton_flash"] = "environment_error"
         assert "triton" in results["triton_flash"]["message"]
     assert {name: r["status"] for name, r in results.items()} == expected
     assert results["naive_cuda"]["build"]["mode"] == "compile_only"

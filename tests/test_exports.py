@@ -1,12 +1,18 @@
 """The LMS exports against their formats: Canvas's gradebook import, Gradescope's score upload,
-Gradescope's autograder results.json, and the run_autograder that reports them on Gradescope."""
+Gradescope's autograder results.json, and the run_autograder that reports them on Gradescope;
+and a run that could not check correctness, which writes no grades.
+
+Canvas's rules are those of its importer (instructure/canvas-lms, lib/gradebook_importer.rb);
+Gradescope's those of https://gradescope-autograders.readthedocs.io/en/latest/specs/."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,11 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from grader.exports import CANVAS_ASSIGNMENT, CANVAS_IDENTITY, GRADESCOPE_SCORE_COLUMNS
+from grader import exports
+from grader.exports import CANVAS_ASSIGNMENT, CANVAS_IDENTITY, GRADESCOPE_SCORE_COLUMNS, NotWritten
 from grader.gradescope import bundle, problems
 from grader.gradescope import main as gradescope_main
 from grader.policy import Policy
-from grader.report import write_reports
+from grader.report import RUN_FILE, write_reports
+from grader.results import read_results, write_result
+from grader.status import Status
 
 from .test_roster import write_roster
 
@@ -47,10 +56,66 @@ def test_canvas_gradebook_import_format(exported):
     assert header == CANVAS_IDENTITY + [CANVAS_ASSIGNMENT]
     assert points[0] == "Points Possible" and float(points[-1]) == 90.0
     assert all(len(r) == len(header) for r in rows)
-    assert [r[:3] for r in students] == [["José García", "9001", "001234"], ["Lee, Bo", "9002", "005678"],
-                                         ["Zoë Ghost", "9003", "009999"]]
-    assert [r[4] for r in students] == ["A", "B", "A"]
-    assert [r[-1] for r in students] == ["90.00", "0.00", ""]   # no submission: left as it is
+    assert [r[:3] for r in students] == [["José García", "9001", "001234"], ["Lee, Bo", "9002", "005678"]]
+    assert [r[4] for r in students] == ["A", "B"]
+    # ghost has no submission: no row, since Canvas would clear their grade for an empty cell
+    assert [r[-1] for r in students] == ["90.00", "0.00"]
+
+
+def canvas_import(text: str) -> dict:
+    """What Canvas's gradebook importer makes of a CSV (lib/gradebook_importer.rb, the parts
+    that decide whether a file imports): the header's student columns, the assignments as
+    (title, id), the points possible, and each student's key and grade cells. Raises
+    AssertionError where Canvas would reject the file or misread it."""
+    rows = list(csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline="")))
+    header = rows[0]
+    # row_has_student_headers?: Student, then ID
+    assert len(header) > 3 and "Student" in header[0] and "ID" in header[1], header
+    # update_column_count: name and id, then SIS User ID and SIS Login ID, then Section
+    student_columns = 3
+    if re.search(r"SIS\s+User\s+ID", header[2]) and re.search(r"SIS\s+Login\s+ID", header[3]):
+        student_columns += 2
+    assert "Section" in header[student_columns - 1], f"{header[student_columns - 1]!r} is not Section"
+    assignments = [re.fullmatch(r"(.*)\s\((\d+)\)", h).groups() if re.fullmatch(r"(.*)\s\((\d+)\)", h)
+                   else (h, None) for h in header[student_columns:]]
+    assert assignments, "no assignment column"
+    # identify_delimiter: the first lines must split into the same number of fields
+    assert len({len(r) for r in rows}) == 1, "rows of different lengths"
+    points = rows[1]
+    assert "Points Possible" in points[0]
+    students = []
+    for row in rows[2:]:
+        assert row[1] or row[2] or row[3] or row[0], f"a row Canvas cannot match to anyone: {row}"
+        grades = row[student_columns:]
+        for g in grades:    # a number; an empty cell would clear the student's grade in Canvas
+            assert re.fullmatch(r"-?\d+(\.\d+)?", g), f"grade {g!r} is not a number"
+        students.append(dict(name=row[0], id=row[1], sis_user_id=row[2], sis_login_id=row[3],
+                             section=row[4], grades=grades))
+    return dict(assignments=assignments, points=[float(p) for p in points[student_columns:]],
+                students=students)
+
+
+def test_canvas_file_imports_as_canvas_reads_it(exported, monkeypatch):
+    out, paths, roster = exported
+    got = canvas_import(paths["canvas"].read_text(encoding="utf-8"))
+    assert got["assignments"] == [("FlashAttention forward", None)]   # matched by title
+    assert got["points"] == [90.0]
+    assert [s["id"] for s in got["students"]] == ["9001", "9002"]   # Canvas user ids first
+    # with the assignment's id in its title, Canvas matches the column to that assignment exactly
+    monkeypatch.setattr(exports, "CANVAS_ASSIGNMENT", "FlashAttention forward (4242)")
+    paths = write_reports(out, policy=POLICY, roster=roster)
+    assert canvas_import(paths["canvas"].read_text(encoding="utf-8"))["assignments"] == [
+        ("FlashAttention forward", "4242")]
+
+
+def test_the_canvas_check_catches_what_canvas_rejects():
+    good = "Student,ID,SIS User ID,SIS Login ID,Section,A\nPoints Possible,,,,,90\nAna,1,2,a,S,9.5\n"
+    assert canvas_import(good)["students"][0]["grades"] == ["9.5"]
+    for bad in (good.replace("Student,ID", "Name,ID"), good.replace(",Section,", ",Group,"),
+                good.replace("Points Possible", "Max"), good.replace("9.5", "9.5 pts"),
+                good.replace("S,9.5", "S,"), good.replace("S,9.5", "S,9.5,1")):
+        with pytest.raises(AssertionError):
+            canvas_import(bad)
 
 
 def test_gradescope_score_upload_format(exported):
@@ -59,8 +124,9 @@ def test_gradescope_score_upload_format(exported):
     assert rows[0] == GRADESCOPE_SCORE_COLUMNS
     for name, sid, email, score in rows[1:]:
         assert "@" in email and sid                       # Gradescope matches on email or SID
-        assert score == "" or 0 <= float(score) <= 90
-    assert rows[1] == ["José García", "001234", "ana@uni.edu", "90.00"]
+        assert 0 <= float(score) <= 90
+    assert rows[1:] == [["José García", "001234", "ana@uni.edu", "90.00"],
+                        ["Lee, Bo", "005678", "bo@uni.edu", "0.00"]]    # ghost: no submission
 
 
 def test_every_results_json_follows_gradescopes_format(exported):
@@ -135,3 +201,62 @@ def test_bundle_command(exported, tmp_path, capsys):
     assert (out / "gradescope_autograder.zip").exists()
     assert "no results for 1 roster folder(s): ghost" in capsys.readouterr().out
     assert gradescope_main([str(tmp_path), "--roster", str(roster)]) == 2
+
+
+def _graded_run(tmp_path: Path, **run_changes) -> Path:
+    out = tmp_path / "results"
+    shutil.copytree(FIXTURES, out)
+    run = json.loads((out / RUN_FILE).read_text())
+    for key, value in run_changes.items():
+        run = dict(run, device=dict(run["device"], **value)) if key == "device" else dict(run, **{key: value})
+    (out / RUN_FILE).write_text(json.dumps(run))
+    return out
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(device=dict(cuda=False, name="cpu")), "no CUDA device on the grading machine"),
+    (dict(calibration=True), "a calibration run"),
+])
+def test_a_run_that_could_not_check_correctness_writes_no_grades(tmp_path, capsys, change, why):
+    out = _graded_run(tmp_path, **change)
+    gpu_run = _graded_run(tmp_path / "gpu")
+    write_reports(gpu_run, policy=POLICY, roster=write_roster(tmp_path))
+    shutil.copytree(gpu_run / "gradescope", out / "gradescope")          # its files are left there
+    for name in ("grades.csv", "canvas.csv", "gradescope_scores.csv"):
+        shutil.copyfile(gpu_run / name, out / name)
+    paths = write_reports(out, policy=POLICY, roster=write_roster(tmp_path))
+    for key in ("grades", "canvas", "gradescope_scores", "gradescope"):
+        assert isinstance(paths[key], NotWritten) and why in str(paths[key]), key
+    assert str(paths["grades"]).startswith("not written: ")          # the terminal's line
+    for name in ("grades.csv", "canvas.csv", "gradescope_scores.csv", "gradescope"):
+        assert not (out / name).exists(), f"{name} of an earlier run is still there"
+    assert gradescope_main([str(out), "--roster", str(write_roster(tmp_path))]) == 2
+    assert f"that run wrote no grades: {why}" in capsys.readouterr().err
+    feedback = sorted((out / "feedback").glob("*.md"))
+    assert len(feedback) == 7 and not any("**Score:**" in f.read_text() for f in feedback)
+    page = paths["leaderboard"].read_text()
+    assert f"No scores: {why}" in page and " / 90<" not in page
+    students = paths["students"].read_text()
+    assert "No scores: this run could not check correctness" in students and " / 90<" not in students
+    assert students.count(">not scored<") == 7
+
+
+@pytest.mark.parametrize("status", [Status.NOT_RUN, Status.ENVIRONMENT_ERROR])
+def test_a_result_the_machine_could_not_grade_gets_no_score_not_a_zero(tmp_path, status):
+    out = _graded_run(tmp_path)
+    r = next(r for r in read_results(out) if r.id == "triton_flash")
+    write_result(out, dataclasses.replace(
+        r, status=status, timing=None, message=f"{status.value}: the machine's doing",
+        cases=tuple(dataclasses.replace(c, status=Status.NOT_RUN, finding=None) for c in r.cases)))
+    paths = write_reports(out, policy=POLICY, roster=write_roster(tmp_path))
+    grades = {row["submission"]: row for row in csv.DictReader(
+        io.StringIO(paths["grades"].read_text(encoding="utf-8-sig")))}
+    assert grades["triton_flash"]["status"] == status.value and grades["triton_flash"]["score"] == ""
+    assert grades["skeleton"]["score"] == "0.00"                         # a student's 0 stays a 0
+    canvas = canvas_import(paths["canvas"].read_text(encoding="utf-8"))
+    assert [s["id"] for s in canvas["students"]] == ["9002"]           # Canvas keeps what 9001 had
+    assert [r[0] for r in read_csv(paths["gradescope_scores"])[1:]] == ["Lee, Bo"]
+    assert not (out / "gradescope" / "triton_flash").exists()           # "not graded yet" there
+    assert (out / "gradescope" / "skeleton" / "results.json").exists()
+    assert "**Score:**" not in (out / "feedback" / "triton_flash.md").read_text()
+    assert paths["leaderboard"].read_text().count(">not scored<") == 1

@@ -35,7 +35,7 @@ def test_the_harness_times_a_known_kernel_from_another_process(tmp_path):
     spec = dict(mode="time", device="cuda", target=dict(kind="builtin", name="sdpa_flash"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 32, deadline_s=300, env=child_env(cuda=True),
-                case=case.to_dict(), budget_s=3, l2_bytes=l2, floor_ms=0.0,
+                case=case.to_dict(), budget_s=3, l2_bytes=l2,
                 precision=dict(precision_factor=2.0, precision_floor=1e-3))
     record = harness.time_case(spec)
     assert "failed" not in record, record

@@ -108,9 +108,35 @@ def test_output_problem_names_type_shape_and_dtype():
 
 
 def test_corrected_times_take_the_later_clock_less_the_protocol():
-    assert harness.corrected([10.0, 12.0], [10.5, 11.0], 1.0) == [9.5, 11.0]
+    from grader.timing import ProtocolCost
+    assert harness.corrected([10.0, 12.0], [10.5, 11.0], ProtocolCost(idle_ms=1.0)) == [9.5, 11.0]
 
 
 def test_the_harness_result_is_json(tmp_path):
     result = run(tmp_path, "def custom_kernel(data):\n    return data[2].clone()\n")
     json.dumps(result)
+
+
+def test_the_protocol_cost_never_ranks_a_slower_call_faster():
+    from grader.harness import corrected
+    from grader.timing import ProtocolCost
+    cost = ProtocolCost(idle_ms=1.0, busy_ms=1.45, busy_work_ms=5.0)
+    assert cost.for_call(0.5) == 1.0 and cost.for_call(1.0) == 1.0
+    assert abs(cost.for_call(3.5) - 1.225) < 1e-9 and cost.for_call(40.0) == 1.45
+    raws = [i / 10 for i in range(0, 400)]
+    times = corrected(raws, [0.0] * len(raws), cost)
+    assert all(b > a for a, b in zip(times, times[1:]))          # strictly increasing in the raw time
+    # a calibration whose busy cost is below the idle one, or absurdly large, cannot make it worse
+    assert ProtocolCost(idle_ms=1.0, busy_ms=0.2, busy_work_ms=5.0).for_call(20.0) == 1.0
+    steep = ProtocolCost(idle_ms=1.0, busy_ms=50.0, busy_work_ms=5.0)
+    steep_times = corrected(raws, [0.0] * len(raws), steep)
+    assert all(b > a for a, b in zip(steep_times, steep_times[1:]))
+    assert ProtocolCost.from_dict(None) == ProtocolCost()
+    assert ProtocolCost.from_dict(dict(idle_ms=1, unknown=3)).idle_ms == 1.0
+
+
+def test_what_the_subject_says_about_its_own_time_is_parsed_defensively():
+    from grader.harness import _diagnostic_ms
+    assert _diagnostic_ms(3.5) == 3.5 and _diagnostic_ms(0) == 0.0
+    for bad in (None, True, "3", -1.0, float("nan"), float("inf"), 1e12, [1]):
+        assert _diagnostic_ms(bad) is None

@@ -142,14 +142,44 @@ def test_feedback_names_the_students_own_pseudonym_and_numbers_hidden_cases(grad
     assert f"ran in …/sub_{POLICY.pseudonym('mallory')}" in md      # path and id both gone
 
 
-def test_gradescope_top_level_output_names_no_hidden_case(graded):
+def test_gradescope_shows_no_hidden_case_before_grades_are_published(graded, tmp_path):
     out, _ = graded
-    for path in (out / "gradescope").glob("*/results.json"):
+    words = forbidden(tmp_path)
+    docs = sorted((out / "gradescope").glob("*/results.json"))
+    assert len(docs) == 10
+    for path in docs:
         doc = json.loads(path.read_text())
-        assert "hidden case" not in doc["output"], path
-        for test in doc["tests"]:
-            if test["visibility"] == "visible":
-                assert not re.search(r"hidden case \d", test["output"] + test["name"]), (path, test)
+        hidden = [t for t in doc["tests"] if t["name"].startswith("hidden case")]
+        assert len(hidden) == len(HIDDEN) and all(t["visibility"] == "after_published" for t in hidden)
+        # Gradescope hides the total while a test with points is hidden; performance needs every case
+        assert next(t for t in doc["tests"] if t["name"].startswith("performance"))["visibility"] == "after_published"
+        visible = [doc["output"]] + [t["name"] + "\n" + t["output"] for t in doc["tests"]
+                                     if t["visibility"] == "visible"]
+        visible += [f"{e['name']}={e['value']}" for e in doc.get("leaderboard", [])]
+        for text in visible:
+            assert "hidden case" not in text, (path, text)
+            assert not [w for w in words if w in text], (path, text)
+        assert {e["name"] for e in doc.get("leaderboard", [])} <= {"median ms", "TFLOP/s"}
+
+
+def test_the_students_page_has_no_per_hidden_case_verdict(graded):
+    """Which hidden case passed or failed is in the feedback and in Gradescope after publication,
+    never on the students' page: there, hidden cases are a count."""
+    out, _ = graded
+    page = (out / "leaderboard-students.html").read_text()
+    assert re.search(r"hidden case \d", page) is None
+    assert "(hidden)" not in page
+    public = len(PUBLIC_IDS)
+    for body in re.findall(r'<tbody class="student">(.*?)</tbody>', page, re.S):
+        marks = re.findall(r'<span class="case (?:pass|fail|skip)"', body)
+        assert len(marks) in (0, public), body[:300]      # a build error ran no case
+        if marks:
+            assert re.search(rf">\d/{len(HIDDEN)} hidden<", body), body[:300]
+    mallory = POLICY.pseudonym("mallory")
+    row = next(b for b in re.findall(r'<tbody class="student">(.*?)</tbody>', page, re.S) if mallory in b)
+    assert "runtime_error on a hidden case" in row
+    instructors = (out / "leaderboard.html").read_text()
+    assert f"{HIDDEN[1].id} (hidden): runtime_error" in instructors          # full detail there
 
 
 def test_scrubbing_keeps_what_is_public():

@@ -28,3 +28,21 @@ def test_plain_lines_carry_the_eta_and_the_close_counts_statuses():
     assert "[1/3, about" in lines[0] and "left]" in lines[0]
     assert lines[2].endswith("[3/3, about 0s left]")
     assert lines[-1].startswith("graded 3 of 3 in ") and lines[-1].endswith(": 2 mismatch · 1 pass")
+
+
+def test_skips_and_misses_are_counted_and_an_interruption_said():
+    stream = io.StringIO()
+    progress = Progress(5, live=False, stream=stream)
+    progress.skipped(sample("a", Status.PASS), "a")
+    progress.skipped(None, "b", kept=True)
+    progress.skipped(sample("c"), "c", kept=True)
+    progress.done(sample("d"))
+    progress.close(interrupted=True, missing=2)
+    lines = [line.split("] ", 1)[-1] if line.startswith("[") else line
+             for line in stream.getvalue().splitlines()]   # without the timestamps
+    assert lines[0] == "a: unchanged since 2026-11-21T00:00:00+00:00, skipped: pass [1/5]"
+    assert lines[1] == "b: not in --only and no result: shown as missing"
+    assert "[4/5, about" in lines[2]   # the time left at the pace of what was graded
+    assert lines[-1].startswith("graded 1 of 5 in ")
+    assert lines[-1].endswith(", skipped 1 unchanged, kept 2 (not in --only), 2 missing results, "
+                              "interrupted: 1 of 2 graded: 2 mismatch · 1 pass")

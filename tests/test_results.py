@@ -1,9 +1,13 @@
+import dataclasses
 import json
+
+import pytest
 
 from grader.build import BuildResult
 from grader.compare import BadElement, Finding
 from grader.correctness import CaseResult
-from grader.results import SubmissionResult, read_results, write_result
+from grader.results import (NO_RESULT_STATUS, ResultUnreadable, RunFileError, SubmissionResult,
+                            key_digest, load_result, read_results, write_result)
 from grader.status import Status, worst
 from grader.timing import TimingStats, summarize
 
@@ -53,3 +57,66 @@ def test_worst_status_orders_by_severity():
     assert worst([Status.PASS, Status.MISMATCH, Status.RUNTIME_ERROR]) is Status.RUNTIME_ERROR
     assert worst([Status.PASS, Status.PASS]) is Status.PASS
     assert worst([Status.MISMATCH, Status.FLAGGED]) is Status.FLAGGED
+
+
+def test_fields_of_a_newer_grader_are_ignored_at_every_level():
+    t = summarize([1.0, 1.1], flops=10**12, warmup_calls=2, budget_s=5, stopped_by="rse", wall_s=3)
+    original = sample(timing=t)
+    d = original.to_dict()
+    d["from_the_future"] = {"x": 1}
+    d["build"]["new_build_field"] = 2
+    d["cases"][1]["new_case_field"] = 3
+    d["cases"][1]["finding"]["new_finding_field"] = 4
+    d["timing"]["new_timing_field"] = 5
+    assert SubmissionResult.from_dict(json.loads(json.dumps(d))) == original
+
+
+def test_a_result_that_cannot_be_used_says_why(tmp_path):
+    def why(text: str | None) -> str:
+        path = tmp_path / "r.json"
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(ResultUnreadable) as e:
+            load_result(path)
+        return str(e.value)
+
+    good = sample().to_dict()
+    assert why(None) == "no such file"
+    assert why(json.dumps(good)[:50]).startswith("truncated or not JSON (")
+    assert why("") .startswith("empty")
+    assert why(json.dumps({**good, "schema": 7})).startswith("written by a newer grader (schema 7;")
+    assert why(json.dumps({k: v for k, v in good.items() if k != "status"})) == "field 'status' is missing"
+    assert "does not know" in why(json.dumps({**good, "status": "melted"}))
+    assert why("[1, 2]") == "not a result (a JSON list)"
+
+
+def _roster(*entries):
+    return dict(device={"cuda": False}, cases=[], state="finished", roster=[
+        dict(id=i, role="student", kind="cuda", label=i, result=f"{i}.json", key=key)
+        for i, key in entries])
+
+
+def test_read_results_holds_the_run_roster_with_placeholders(tmp_path):
+    key = (("source", "aa"), ("grader", "bb"))
+    write_result(tmp_path, dataclasses.replace(sample("alice"), key=key))
+    write_result(tmp_path, dataclasses.replace(sample("carol"), key=(("source", "old"),)))
+    write_result(tmp_path, sample("mallory"))   # another run's: not shown
+    run = _roster(("alice", key_digest(key)), ("bob", None), ("carol", key_digest(key)))
+    (tmp_path / "_run.json").write_text(json.dumps(run))
+    got = read_results(tmp_path)
+    assert [r.id for r in got] == ["alice", "bob", "carol"]
+    alice, bob, carol = got
+    assert not alice.no_result and alice.status is Status.MISMATCH
+    assert bob.no_result and bob.status is NO_RESULT_STATUS
+    assert bob.message == f"result missing: {tmp_path / 'bob.json'}: no such file (deleted?): " \
+                          f"regrade it with 'python -m grader grade --only ID'"
+    assert carol.no_result and "graded from other inputs than this run's" in carol.message
+    with pytest.raises(ValueError, match="never written"):
+        write_result(tmp_path, bob)
+    run["state"] = "interrupted"
+    (tmp_path / "_run.json").write_text(json.dumps(run))
+    assert "the run was interrupted; grade again to finish" in read_results(tmp_path)[1].message
+    (tmp_path / "_run.json").write_text(json.dumps(run)[:40])
+    with pytest.raises(RunFileError, match=r"_run.json: truncated or not JSON"):
+        read_results(tmp_path)

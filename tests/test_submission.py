@@ -1,5 +1,6 @@
 import pytest
 
+from grader.intake import DropError
 from grader.submission import Kind, discover, inspect_folder
 
 
@@ -15,7 +16,7 @@ def test_kinds_and_invalid_folders(tmp_path):
     (tmp_path / "neither" / "kernel.cu").write_text("")
     (tmp_path / ".hidden").mkdir()
     (tmp_path / "notes.txt").write_text("")
-    subs = {s.id: s for s in discover(tmp_path)}
+    subs = {s.id: s for s in discover(tmp_path, scratch=tmp_path / ".scratch")}
     assert set(subs) == {"both", "cuda_one", "neither", "py_one"}
     assert subs["cuda_one"].kind is Kind.CUDA and subs["py_one"].kind is Kind.PYTHON
     assert subs["both"].kind is Kind.INVALID and "both submission.cu and submission.py" in subs["both"].problem
@@ -30,7 +31,7 @@ def test_a_single_submission_folder_is_its_own_list(tmp_path):
 
 
 def test_missing_folder_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such folder of submissions"):
+    with pytest.raises(DropError, match="no such folder of submissions"):
         discover(tmp_path / "absent")
 
 

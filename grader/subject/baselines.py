@@ -33,8 +33,28 @@ def _sdpa(backend_name: str):
     return run
 
 
+def _gpu_wait(ms: float):
+    """No output work, but the GPU kept busy for `ms` (a spin kernel, clocked here once): the
+    harness's measure of what the protocol adds to a call that has GPU work to wait for."""
+    cycles = []
+
+    def run(q, k, v):
+        if not cycles:
+            torch.cuda._sleep(1_000_000)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(20_000_000)
+            end.record()
+            end.synchronize()
+            cycles.append(int(20_000_000 / start.elapsed_time(end) * ms))
+        torch.cuda._sleep(cycles[0])
+        return q
+    return run
+
+
 FUNCTIONS = {
     "null": lambda q, k, v: q,   # no work: the harness's measure of the protocol's own cost
+    "null_busy": _gpu_wait(5.0),  # 5 ms of GPU waiting: the protocol's cost around real work
     "torch_reference": torch_reference,
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),

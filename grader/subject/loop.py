@@ -143,8 +143,13 @@ class Subject:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             profiler = profile(activities=activities)
             profiler.__enter__()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device == "cuda" else []
         try:
+            if events:
+                events[0].record()
             out = self.fn(q, k, v)
+            if events:
+                events[1].record()
             returned = describe(out, shape)
             if returned["usable"]:
                 o.copy_(out)
@@ -153,9 +158,11 @@ class Subject:
             if profiler is not None:
                 profiler.__exit__(None, None, None)
         peak = torch.cuda.max_memory_allocated() if self.device == "cuda" else 0
-        # Diagnostics only (this process's own clock, never used to rank): the call's host time.
+        # Diagnostics only, never used to rank: this process's own clocks around the call (host,
+        # and CUDA events before the copy into O). The protocol's overhead is measured with them.
         return dict(event="done", returned=returned, peak_memory_bytes=peak,
                     subject_ms=(time.perf_counter() - received) * 1e3,
+                    subject_gpu_ms=_elapsed_ms(events),
                     launched=launched_names(profiler, self.device) if profiler else [])
 
     def profile(self, on: bool) -> dict:
@@ -211,6 +218,15 @@ class Subject:
             except Exception as e:   # the submission's fault: reported, then the next request
                 record = dict(event="error", context_alive=self.context_alive(), **_error(e))
             self.reply(dict(record, n=n))
+
+
+def _elapsed_ms(events: list) -> float | None:
+    """The events' interval, or None when there are none or the work is not finished (a call
+    that returned early): a diagnostic must never turn into the call's error."""
+    try:
+        return events[0].elapsed_time(events[1]) if events and events[1].query() else None
+    except RuntimeError:
+        return None
 
 
 def describe(out, shape: tuple[int, ...]) -> dict:
