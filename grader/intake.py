@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bz2
 import dataclasses
+import errno
 import gzip
 import hashlib
 import lzma
@@ -50,6 +51,11 @@ GRADESCOPE_FOLDER = re.compile(r"^submission_\d+$")
 class DropError(ValueError):
     """The drop as a whole cannot be graded: no such path, an unreadable or unsafe drop archive,
     or nothing in it to grade. The message says what to do."""
+
+
+# Errors of the machine while unpacking: the entry is listed as not graded, never scored.
+MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.EIO,
+                            errno.EROFS, errno.ENOMEM})
 
 
 class ArchiveRejected(ValueError):
@@ -217,6 +223,7 @@ def _unique(candidates: list[_Candidate]) -> tuple[tuple[Submission, ...], list[
     of one name) are never both graded under one id; the newest is, the other is listed."""
     by_id: dict[str, list[_Candidate]] = {}
     for c in candidates:
+        c = dataclasses.replace(c, submission=dataclasses.replace(c.submission, id=_capped(c.submission.id)))
         by_id.setdefault(c.submission.id, []).append(c)
     kept, skipped = [], []
     for sid, group in sorted(by_id.items()):
@@ -257,7 +264,7 @@ def student_folder(folder: Path, sid: str, scratch: Path, limits: config.Archive
 def student_archive(archive: Path, sid: str, scratch: Path,
                     limits: config.ArchiveLimits) -> Submission:
     """A student's .zip/.tar.gz, unpacked into scratch; a broken rule is the student's verdict."""
-    dest = scratch / "students" / _slug(sid)
+    dest = scratch / "students" / _slug(str(archive.absolute()))   # per archive: two of one id never share it
     try:
         unpack(archive, dest, limits)
     except ArchiveRejected as e:
@@ -495,6 +502,11 @@ def unpack(archive: Path, dest: Path, limits: config.ArchiveLimits) -> None:
     except ArchiveRejected:
         shutil.rmtree(dest, ignore_errors=True)
         raise
+    except OSError as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        if e.errno in MACHINE_ERRNOS:   # the grading machine's disk or limits, not the student's
+            raise
+        raise ArchiveRejected(f"cannot be unpacked ({type(e).__name__}: {e})") from None
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError,
             ValueError, NotImplementedError, RuntimeError) as e:
         shutil.rmtree(dest, ignore_errors=True)
@@ -646,6 +658,18 @@ def _archive_stem(name: str) -> str:
         if lower.endswith(suffix):
             return name[:-len(suffix)]
     return name
+
+
+ID_BYTES = 120   # an id names files (`.<id>.json.<random>.tmp`, `logs/<id>.build.log`): < 255
+
+
+def _capped(sid: str) -> str:
+    """The id, or for a very long one (a group of long emails) its start and a hash of it all."""
+    if len(sid.encode("utf-8", "surrogatepass")) <= ID_BYTES:
+        return sid
+    digest = hashlib.sha256(sid.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    head = sid.encode("utf-8", "surrogatepass")[:ID_BYTES - 14].decode("utf-8", "ignore")
+    return f"{head}~{digest}"
 
 
 def _slug(text: str) -> str:

@@ -332,3 +332,13 @@ def test_grading_a_drop_gives_rows_and_lists_the_rest(tmp_path):
                    str(tmp_path / "build"), "--cases", str(cases), "--no-hidden", "--cpu")
     assert proc.returncode == 2 and "no gradable submission" in proc.stderr
     assert "_old/: set aside" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_very_long_id_is_capped_to_a_file_name_and_stays_unique():
+    from grader.intake import ID_BYTES, _capped
+    group = "+".join(f"student.with.a.long.name{i}@cs.university-of-somewhere.edu" for i in range(5))
+    other = group.replace("name4", "name5")
+    a, b = _capped(group), _capped(other)
+    assert len(a.encode()) <= ID_BYTES and len(b.encode()) <= ID_BYTES and a != b
+    assert a.startswith("student.with.a.long.name0@") and _capped("alice") == "alice"
+    assert len(_capped("é" * 200).encode()) <= ID_BYTES
