@@ -143,12 +143,13 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
         print(f"\nWARNING: {sandbox.describe()}.\nSubmissions run as plain processes: they can read "
               f"the solution, the hidden cases and each other's code, and use the network.\n",
               file=sys.stderr)
+    limits = config.Limits.from_env()
     run = dict(started_at=now(), finished_at=None, device=device.to_dict(),
                sandbox=sandbox.describe(), sandboxed=sandbox.active, calibration=args.calibration,
                cases=[dict(id=c.id, hidden=c.hidden, line=c.line(), flops=c.flops) for c in cases],
                timed_case=largest(cases).id, rtol=config.RTOL, atol=config.ATOL,
                precision=dict(factor=policy.precision_factor, floor=policy.precision_floor),
-               limits=vars(config.Limits.from_env()), submissions=[s.id for s in subs],
+               limits=vars(limits), submissions=[s.id for s in subs],
                baselines=list(baselines), skipped=getattr(args, "skipped", []))
     resumed = previous_run_note(out)
     if resumed:
@@ -158,7 +159,7 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     print(f"grading {len(subs)} submission(s) on {where}; {len(cases)} cases; results in {out}",
           file=sys.stderr)
     progress = Progress(len(subs) + len(baselines))
-    ctx = GradeContext(cases=tuple(cases), device=device, limits=config.Limits.from_env(),
+    ctx = GradeContext(cases=tuple(cases), device=device, limits=limits,
                        out_dir=out, build_dir=args.build_dir, progress=progress, sandbox=sandbox,
                        calibration=args.calibration,
                        precision=(policy.precision_factor, policy.precision_floor))
@@ -175,11 +176,12 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     finally:
         run.update(finished_at=now(), wall_s=round(time.monotonic() - t0, 1))
         journal.finish({0: "finished", 130: "interrupted"}.get(code, "stopped"))
-        progress.close(interrupted=code == 130,
-                       missing=sum(1 for r in read_results(out, run) if r.no_result))
-    paths = write_reports(out, archive=True, roster=getattr(args, "roster", None), policy=policy)
+        results = read_results(out, run)
+        progress.close(interrupted=code == 130, missing=sum(1 for r in results if r.no_result))
+    paths = write_reports(out, archive=True, roster=getattr(args, "roster", None), policy=policy,
+                          results=results)
     if not quiet:
-        print(text_table(build_rows(read_results(out), run=run)))
+        print(text_table(build_rows(results, run=run)))
         print(where_reports_are(paths, out))
     return code
 
@@ -217,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
             if lost:   # a result file of the run is gone: every ranked student would get 0
                 print("\n".join(f"error: {args.out / 'baselines'}: {p}" for p in lost), file=sys.stderr)
                 return 2
-        paths = write_reports(args.out, roster=args.roster, policy=policy)
-        print(text_table(build_rows(read_results(args.out), run=run)))
+        paths = write_reports(args.out, roster=args.roster, policy=policy, results=results)
+        print(text_table(build_rows(results, run=run)))
         print(where_reports_are(paths, args.out))
         return 0
     if args.command == "grade":

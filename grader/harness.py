@@ -404,23 +404,31 @@ def calibrate(spec: dict) -> dict:
                 output=idle["output"] + busy.get("output", ""))
 
 
-def _calibration_calls(spec: dict, name: str) -> dict:
+def open_call(spec: dict, deadline: float) -> tuple["Link", "Call | None", dict | None]:
+    """The case's shared buffers, the subject started on them and the Call that drives it; or,
+    when the subject did not come up, (link, None, the failure record)."""
     device, case = spec["device"], Case.from_dict(spec["case"])
-    deadline = time.monotonic() + spec["deadline_s"]
     buffers = allocate(device, case.numel)
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
     flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
-    link, failed = start(dict(spec, target=dict(kind="builtin", name=name)), buffers, deadline)
+    link, failed = start(spec, buffers, deadline)
     if failed is not None:
         link.close()
-        return dict(failed=failed, output=link.output())
+        return link, None, dict(failed=failed, output=link.output())
+    return link, Call(link, q, k, v, o, flush, case.shape, device, deadline), None
+
+
+def _calibration_calls(spec: dict, name: str) -> dict:
+    deadline = time.monotonic() + spec["deadline_s"]
+    link, call, failed = open_call(dict(spec, target=dict(kind="builtin", name=name)), deadline)
+    if failed is not None:
+        return failed
     try:
-        call = Call(link, q, k, v, o, flush, case.shape, device, deadline)
         parts = []
         for i in range(spec.get("reps", 30)):
             clock, _ = call.run(seed=i)
-            parts.append((max(clock.wall_ms, clock.fence_ms()), clock.wall_ms, clock.fence_ms(),
-                          call.subject_host_ms, call.subject_gpu_ms))
+            wall, fence = clock.wall_ms, clock.fence_ms()
+            parts.append((max(wall, fence), wall, fence, call.subject_host_ms, call.subject_gpu_ms))
         rtt = round_trip_ms(link, deadline)
     except SubjectGone as gone:
         return dict(failed=dict(status=gone.status, message=gone.message), output=link.output())
@@ -437,37 +445,32 @@ def time_case(spec: dict) -> dict:
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
     processes showed."""
     device, case = spec["device"], Case.from_dict(spec["case"])
-    shape, deadline = case.shape, time.monotonic() + spec["deadline_s"]
-    buffers = allocate(device, case.numel)
-    q, k, v, o = (buffers[n].view(shape) for n in "qkvo")
-    flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
-    link, failed = start(spec, buffers, deadline)
+    deadline = time.monotonic() + spec["deadline_s"]
+    link, call, failed = open_call(spec, deadline)
     if failed is not None:
-        link.close()
-        return dict(failed=failed, output=link.output())
+        return failed
     pick = random.Random(_urandom(16))        # which calls are checked in full: decided here
     result: dict = dict(verify=dict(checked=0, wrong=0, first_wrong="", first_wrong_call=None))
     try:
         rtt_ms = round_trip_ms(link, deadline)
         cost = ProtocolCost.from_dict(spec.get("protocol"))
-        call = Call(link, q, k, v, o, flush, shape, device, deadline)
         for _ in range(config.TIMING_WARMUP_CALLS):
             call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
         link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
-        walls, fences, samples, helpers, reported = [], [], [], [], []
+        walls, fences, times, samples, helpers, reported = [], [], [], [], [], []
         stopped_by, loop_start = "max_reps", _perf_counter()
         while len(walls) < config.TIMING_MAX_REPS:
             seed = int.from_bytes(_urandom(8), "little") >> 1
             clock, inputs = call.run(seed)
             walls.append(clock.wall_ms)
             fences.append(clock.fence_ms())
+            times += corrected(walls[-1:], fences[-1:], cost)
             reported.append((call.subject_gpu_ms, call.subject_host_ms))
             verify_call(result["verify"], len(walls) - 1, call.snapshot, inputs, case)
             _keep_sample(samples, pick, len(walls) - 1, seed, call.snapshot, config.TIMING_SPOT_SAMPLES)
             if device == "cuda" and (len(walls) - 1) % config.TIMING_PROCESS_CHECK_EVERY == 0:
                 helpers.append(gpu_helpers(link))
             del inputs
-            times = corrected(walls, fences, cost)
             if len(times) >= config.TIMING_MIN_REPS and relative_standard_error(times) < config.TIMING_TARGET_RSE:
                 stopped_by = "rse"
                 break
@@ -481,7 +484,6 @@ def time_case(spec: dict) -> dict:
         return dict(failed=dict(record, message=f"timing {case.id}: {record['message']}"),
                     output=link.output())
     link.close()
-    times = corrected(walls, fences, cost)
     stats = summarize(times, flops=case.flops, warmup_calls=config.TIMING_WARMUP_CALLS,
                       budget_s=spec["budget_s"], stopped_by=stopped_by,
                       wall_s=_perf_counter() - loop_start,

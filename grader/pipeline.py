@@ -20,8 +20,8 @@ from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo
 from .hints import hint_for
-from .integrity import (classify_launched, own_kernel_names, static_evidence, tampering_lines,
-                        timing_findings)
+from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
+                        tampering_lines, timing_findings)
 from .procs import Cancelled, ProcResult, cancel_all, child_env, run_limited
 from .progress import Progress
 from .results import SubmissionResult, write_json_atomic, write_result
@@ -121,7 +121,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
         runs, run_output = run_cases_under_load(sub, build, runnable, ctx, work)
-        _save_log(ctx, sub, "run", run_output)
+        _save_log(ctx, sub.id, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
             checked = check_outputs(runnable, runs, out_dir=work, device=ctx.device_name,
@@ -175,7 +175,6 @@ def judge_timing(timed: "TimedRun", case: Case, source: str, ctx: GradeContext) 
                                library_allowed=ctx.calibration)
     in_loop = launch_findings([(f"{case.id} (timed calls)", timed.stats.launched)], source, ctx)
     if in_loop and not ctx.calibration:
-        from .integrity import TimingFinding
         problems.append(TimingFinding("flagged", in_loop))
     return problems
 
@@ -279,8 +278,8 @@ def _scratch(need_bytes: int = 8 << 30) -> str | None:
     return scratch_dir(need_bytes)
 
 
-def _save_log(ctx: GradeContext, sub: Submission, stage: str, output: str) -> None:
-    path = ctx.out_dir / "logs" / f"{sub.id}.{stage}.log"
+def _save_log(ctx: GradeContext, name: str, stage: str, output: str) -> None:
+    path = ctx.out_dir / "logs" / f"{name}.{stage}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(clean(output, limit=1 << 22))
 
@@ -302,17 +301,17 @@ def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folde
     subject in the sandbox, read-only on `folder`. Returns the harness's record (None if the
     harness itself failed) and the text for the log."""
     cwd = folder[0] if folder else SUBJECT.parent
+    result_path = work / f"{mode}.json"
     spec = dict(mode=mode, device=ctx.device_name, target=target,
                 subject_cmd=ctx.sandbox.wrap([sys.executable, str(SUBJECT)], readonly=folder),
                 cwd=str(cwd), head_bytes=ctx.limits.output_head_bytes,
                 tail_bytes=ctx.limits.output_tail_bytes,
                 file_bytes=int(ctx.limits.file_gb * (1 << 30)), deadline_s=deadline_s,
-                out_dir=str(work), result=str(work / f"{mode}.json"), **fields)
+                out_dir=str(work), result=str(result_path), **fields)
     spec_path = work / f"{mode}_spec.json"
     spec_path.write_text(json.dumps(spec))
     proc = run_limited([sys.executable, "-m", "grader.harness", "--spec", str(spec_path)],
                        timeout_s=deadline_s + 300, env=ctx.env, cwd=config.REPO_ROOT)
-    result_path = work / f"{mode}.json"
     if not result_path.exists():
         return None, proc.output
     record = json.loads(result_path.read_text())
@@ -347,9 +346,7 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
             case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
             protocol=ctx.protocol.to_dict(), precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]))
     if log_name:
-        path = ctx.out_dir / "logs" / f"{log_name}.time.log"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(clean(output, limit=1 << 22))
+        _save_log(ctx, log_name, "time", output)
     if record is None:
         ensure_gpu_healthy(ctx)
         return Status.RUNTIME_ERROR, f"grader error: the timing harness failed; tell the instructor\n{output[-2000:]}"

@@ -215,14 +215,15 @@ def previous_run(out_dir: Path, current: str) -> tuple[dict[str, int], list[str]
 
 
 def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool = False,
-                  roster: Path | Roster | None = None) -> dict[str, Path]:
+                  roster: Path | Roster | None = None,
+                  results: list[SubmissionResult] | None = None) -> dict[str, Path]:
     """Render everything from the result files in `out_dir`; with `archive`, keep a copy of this
     run's summary and pages in history/<run id>/; with a `roster` (a CSV path or a loaded one),
     join the students to it (missing and extra submissions listed). Returns the paths written."""
     policy = policy or load_policy()
     roster = load_roster(roster) if isinstance(roster, (str, Path)) else roster
     run = json.loads((out_dir / RUN_FILE).read_text())
-    results = read_results(out_dir)
+    results = read_results(out_dir) if results is None else results   # the caller's, if read
     current = run_id(run)
     previous, earlier = previous_run(out_dir, current)
     rows = build_rows(results, run=run, policy=policy, previous=previous)

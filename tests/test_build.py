@@ -152,3 +152,9 @@ def test_a_run_that_times_out_on_an_overloaded_machine_is_retried_then_the_machi
     assert len(calls) == 3 and "overloaded" in notes[0]
     assert runs["c1"]["status"] == "environment_error" and "not your" in runs["c1"]["message"]
     assert runs["c2"]["status"] == "pass"
+    # a hung submission's own threads load the machine while it runs: read after the stage, the
+    # load is high; read before it, low. Its timeout stays its own, with no second try.
+    loads = iter([0.5, 9.0, 9.0])
+    monkeypatch.setattr(pipeline, "machine_load", lambda: next(loads))
+    runs, _ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    assert runs["c1"]["status"] == "timeout" and len(calls) == 4

@@ -342,3 +342,19 @@ def test_a_very_long_id_is_capped_to_a_file_name_and_stays_unique():
     assert len(a.encode()) <= ID_BYTES and len(b.encode()) <= ID_BYTES and a != b
     assert a.startswith("student.with.a.long.name0@") and _capped("alice") == "alice"
     assert len(_capped("é" * 200).encode()) <= ID_BYTES
+
+
+def test_a_second_run_never_unpacks_over_the_drop_a_first_is_grading(tmp_path):
+    from grader.locks import RunLock
+    drop = tmp_path / "drop"
+    _zip(drop / "ana.zip", {"ana/submission.py": PY})
+    build = tmp_path / "build"
+    held = RunLock(build / ".drop.lock", "a first run's drop")
+    held.acquire()   # the first run, still grading from build/drop
+    try:
+        proc = _grader("grade", str(drop), "--out", str(tmp_path / "r"), "--build-dir", str(build),
+                       "--no-hidden", "--cpu", "--no-solution")
+        assert proc.returncode == 2 and "in use by another grading run" in proc.stderr
+        assert not (build / "drop").exists() and "Traceback" not in proc.stderr
+    finally:
+        held.release()

@@ -115,6 +115,13 @@ def test_a_median_beyond_the_matmul_peak_is_not_physically_possible():
     assert not any(f.impossible_time for f in judged(stats()))
 
 
+def test_a_median_of_no_time_at_all_is_impossible_and_never_shown():
+    # a protocol cost larger than the call (a calibration gone wrong) must not rank at "infinite"
+    # TFLOP/s: the median is not a time, whatever the kernels were
+    findings = judged(stats(median=-0.05, raw_mean=1.0, protocol=1.1, launched=((OWN[0], 100, 5.0), COPY)))
+    assert any(f.impossible_time and "no time at all" in f.message for f in findings)
+
+
 def test_a_reply_before_the_gpu_work_is_done_shows_in_the_gpu_clock():
     [finding] = judged(stats(wall=17.0, fence=19.1))
     assert "reply came before its GPU work was done" in finding.message
