@@ -26,7 +26,9 @@ from .sandbox import Sandbox, give_to_sandbox
 from .status import Status
 from .submission import Kind, Submission
 
-# load_inline puts these three lines above the student's source in cuda.cu.
+# load_inline puts these three lines above the student's source in cuda.cu, compiled to
+# STUDENT_OBJECT (with a GPU and in a compile check alike): everything the submission wrote is in it.
+STUDENT_OBJECT = "cuda.cuda.o"
 LOAD_INLINE_PRELUDE = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
 
 
@@ -61,7 +63,7 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
     if sub.kind is Kind.CUDA and device.nvcc is None:
         return BuildResult(Status.ENVIRONMENT_ERROR, "none", 0.0, message=(
             "the grading machine has no nvcc (the CUDA toolkit): install it or set CUDA_HOME. "
-            + _NOT_YOURS))
+            + NOT_YOURS))
     # The load is read before each try: during one, the submission's own processes add to it,
     # and a hung build must not be able to make its own timeout look like the machine's.
     load = machine_load()
@@ -83,14 +85,14 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
             return dataclasses.replace(second, status=Status.ENVIRONMENT_ERROR, elapsed_s=elapsed,
                                        message=(f"{second.message} twice, while the grading machine "
                                                 f"was overloaded (load {load:.1f} per core): it "
-                                                f"cannot tell slow from hung. " + _NOT_YOURS))
+                                                f"cannot tell slow from hung. " + NOT_YOURS))
     return dataclasses.replace(second, elapsed_s=elapsed, message=(
         f"{second.message} ({note})" if second.message else note))
 
 
 # Said to the student whenever the machine, not the submission, failed.
-_NOT_YOURS = ("This is not your fault and it is not graded: the instructor fixes the machine and "
-              "grades it again.")
+NOT_YOURS = ("This is not your fault and it is not graded: the instructor fixes the machine and "
+             "grades it again.")
 
 
 def machine_load() -> float:
@@ -141,7 +143,7 @@ def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
         missing = environment_problem(proc.output, mode)
         if missing:
             return BuildResult(Status.ENVIRONMENT_ERROR, mode, proc.elapsed_s,
-                               message=f"the grading machine {missing}. {_NOT_YOURS}", log_tail=log)
+                               message=f"the grading machine {missing}. {NOT_YOURS}", log_tail=log)
         first = proc.last_exception() if mode == "import" else _first_error(log)
         return BuildResult(Status.BUILD_ERROR, mode, proc.elapsed_s,
                            message=f"{what} failed" + (f": {first.strip()}" if first else ""),
@@ -226,13 +228,21 @@ def arch_flags(arch: str) -> list[str]:
 
 def build_extension(source: Path, name: str, build_dir: Path, arch: str,
                     extra_cuda_cflags: list[str] = ()) -> Path:
-    """load_inline exactly as a CS149-style wrapper calls it; returns the built module's path."""
-    from torch.utils.cpp_extension import load_inline
+    """load_inline exactly as a CS149-style wrapper calls it, except that the module is built and
+    not imported: importing runs its static initializers, and none of a submission's code may run
+    before the grader has read what it built (grader/reach.py audits the object file). Returns
+    the built module's path."""
+    from torch.utils import cpp_extension
+    if not hasattr(cpp_extension, "_import_module_from_library"):
+        raise SystemExit("this torch's load_inline has no _import_module_from_library: the grader "
+                         "cannot build without importing; update grader/build.py")
+    cpp_extension._import_module_from_library = lambda name, path, is_python_module: path
     build_dir.mkdir(parents=True, exist_ok=True)
-    load_inline(name=name, cpp_sources=[config.ENTRY_DECLARATION],
-                cuda_sources=[source.read_text()], functions=[config.ENTRY_POINT],
-                build_directory=str(build_dir), verbose=True, extra_cflags=["-O3"],
-                extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(arch), *extra_cuda_cflags])
+    cpp_extension.load_inline(name=name, cpp_sources=[config.ENTRY_DECLARATION],
+                              cuda_sources=[source.read_text()], functions=[config.ENTRY_POINT],
+                              build_directory=str(build_dir), verbose=True, extra_cflags=["-O3"],
+                              extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(arch),
+                                                 *extra_cuda_cflags])
     path = build_dir / f"{name}.so"
     print(f"built {path}")
     return path
@@ -252,7 +262,7 @@ def _compile_only(source: Path, name: str, build_dir: Path, arch: str, nvcc: str
     unit = build_dir / "cuda.cu"
     unit.write_text("\n".join(LOAD_INLINE_PRELUDE + [source.read_text()]))
     std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10) else "-std=c++17"
-    cmd = [nvcc, "-c", str(unit), "-o", str(build_dir / "cuda.cuda.o"), std, "-O3",
+    cmd = [nvcc, "-c", str(unit), "-o", str(build_dir / STUDENT_OBJECT), std, "-O3",
            f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
            "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",   # the CPU build of torch lacks this generated header
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",

@@ -128,7 +128,7 @@ def code_lines(source: str):
     comments, docstrings and block comments left out."""
     from .submission import FILE_MARK
     name, number, in_block = "", 0, None
-    for line in source.splitlines():
+    for line in source.split("\n"):
         if line.startswith(FILE_MARK):
             name, number, in_block = line[1:] + " ", 0, None
             continue

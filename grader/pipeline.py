@@ -8,14 +8,15 @@ import dataclasses
 import datetime
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from . import config
+from . import config, reach
 from .baselines import BASELINES
-from .build import BuildResult, build_submission, machine_load
+from .build import NOT_YOURS, STUDENT_OBJECT, BuildResult, build_submission, machine_load
 from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo
@@ -207,6 +208,31 @@ def tampering_verdict(source: str) -> str:
     return ("uses APIs that no kernel needs and that tamper with grading (the profiler, other "
             "frames or objects, helper processes, the compiler stack, raw memory or pipes); "
             "remove them: " + "; ".join(lines))
+
+
+def source_verdict(sub: Submission, source: str) -> str:
+    """The flag's text for what the sources alone show, before anything is built or run: the
+    tampering scan, and for Python the reach audit of every file (grader/reach.py). '' when there
+    is nothing to flag."""
+    texts = [tampering_verdict(source)]
+    if sub.kind is Kind.PYTHON:
+        texts.append(reach.verdict(reach.audit_sources(source)))
+    return "\n".join(t for t in texts if t)
+
+
+def audit_build(sub: Submission, built: BuildResult, build_dir: Path) -> BuildResult:
+    """A CUDA build that passed, audited before any of its code runs: the imports of the object
+    compiled from the submission's translation unit (grader/reach.py). FLAGGED with the symbols,
+    or an ENVIRONMENT_ERROR when this machine cannot read object files."""
+    if sub.kind is not Kind.CUDA or built.status is not Status.PASS:
+        return built
+    try:
+        findings = reach.native_reach(build_dir / STUDENT_OBJECT)
+    except (reach.AuditUnavailable, OSError, subprocess.SubprocessError) as e:
+        return dataclasses.replace(built, status=Status.ENVIRONMENT_ERROR, message=(
+            f"the grading machine cannot audit the build: {e}. {NOT_YOURS}"))
+    flagged = reach.verdict(findings)
+    return dataclasses.replace(built, status=Status.FLAGGED, message=flagged) if flagged else built
 
 
 def _folder(sub: Submission, build: BuildResult | None) -> list[Path]:
@@ -473,12 +499,15 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
 
     def build(sub: Submission) -> BuildResult:
         ctx.progress.stage(sub.id, "build")
-        tampering = "" if ctx.calibration else tampering_verdict(sources[id(sub)])
-        if tampering:   # decided from the source alone: nothing of it is built or run
-            return BuildResult(Status.FLAGGED, "none", 0.0, message=tampering)
-        return build_submission(sub, build_dir=ctx.build_dir / sub.build_namespace / sub.module_name, device=ctx.device,
-                                limits=ctx.limits, sandbox=ctx.sandbox,
-                                log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
+        if not ctx.calibration:   # decided from the source alone: nothing of it is built or run
+            flagged = source_verdict(sub, sources[id(sub)])
+            if flagged:
+                return BuildResult(Status.FLAGGED, "none", 0.0, message=flagged)
+        build_dir = ctx.build_dir / sub.build_namespace / sub.module_name
+        built = build_submission(sub, build_dir=build_dir, device=ctx.device,
+                                 limits=ctx.limits, sandbox=ctx.sandbox,
+                                 log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
+        return built if ctx.calibration else audit_build(sub, built, build_dir)
 
     for entry in entries:
         if entry.action != "grade":

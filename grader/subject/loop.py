@@ -55,10 +55,34 @@ def load_extension(path: str, name: str):
     return fn
 
 
+class SourceOnly(importlib.machinery.SourceFileLoader):
+    """Compiles the source file the grader audited (grader/reach.py), never a bytecode cache
+    beside it: a __pycache__ shipped in the folder could hold other code than its source."""
+
+    def get_code(self, fullname):
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+def source_only_imports(folder: Path) -> None:
+    """Imports from the submission's folder load .py sources only: no extension module (.so) and
+    no bytecode (.pyc) there can stand in for code the grader did not read."""
+    def hook(path: str):
+        resolved = Path(path or ".").resolve()
+        if resolved == folder or folder in resolved.parents:
+            return importlib.machinery.FileFinder(
+                path, (SourceOnly, importlib.machinery.SOURCE_SUFFIXES))
+        raise ImportError("not the submission's folder")
+    sys.path_hooks.insert(0, hook)
+    sys.path_importer_cache.clear()
+
+
 def load_python(source: str):
     source_path = Path(source).resolve()
+    source_only_imports(source_path.parent)
     sys.path.insert(0, str(source_path.parent))
-    spec = importlib.util.spec_from_file_location("submission", str(source_path))
+    spec = importlib.util.spec_from_file_location("submission", str(source_path),
+                                                  loader=SourceOnly("submission", str(source_path)))
     module = importlib.util.module_from_spec(spec)
     sys.modules["submission"] = module
     spec.loader.exec_module(module)

@@ -1,0 +1,210 @@
+"""Reach audit (grader/reach.py): what a submission's code could get at, read before it runs."""
+
+from __future__ import annotations
+
+import importlib
+import py_compile
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grader import reach
+from grader.submission import read_sources
+
+from .adversarial.assemble import HERE as ADVERSARIAL, SHARED
+from .conftest import EXAMPLES
+
+REPO = Path(__file__).resolve().parents[1]
+HONEST_PYTHON = [EXAMPLES / "triton_flash", REPO / "student" / "triton"]
+
+
+def audit(text: str) -> list[str]:
+    return [f.what for f in reach.python_reach({"submission.py": textwrap.dedent(text)})]
+
+
+@pytest.mark.parametrize("folder", HONEST_PYTHON, ids=lambda p: p.name)
+def test_honest_python_kernels_reach_nothing(folder):
+    assert reach.audit_sources(read_sources(folder)) == []
+
+
+def test_the_shared_honest_kernel_of_the_adversarial_set_reaches_nothing():
+    assert reach.python_reach({"honest_flash.py": (SHARED / "honest_flash.py").read_text()}) == []
+
+
+@pytest.mark.parametrize("name", ["forge_kernels_py", "forge_gadget_py", "gc_search_py",
+                                  "lazy_tensor_py", "patch_stats_py", "helper_gpu_py",
+                                  "profiler_pause_hidden_py", "tamper_timer_py", "snoop_py"])
+def test_every_attack_that_reaches_the_grader_is_seen(name):
+    findings = reach.python_reach({"submission.py": (ADVERSARIAL / name / "submission.py").read_text(),
+                                   "honest_flash.py": ""})
+    assert findings, name
+
+
+@pytest.mark.parametrize("text, what", [
+    ("import sys\nsys.modules['__main__']", "import sys"),
+    ("m = __import__('s' + 'ys')", "__import__"),
+    ("getattr(x, 'launched_names')", "getattr"),
+    ("import torch\ntorch.sys.modules", "sys"),
+    ("import torch\ntorch._C._disable_profiler()", "torch._C"),
+    ("from torch import _C", "torch._C"),
+    ("import torch.utils.cpp_extension as c", "cpp_extension"),
+    ("import torch as t\nt.load('weights.pt')", "torch.load"),
+    ("def f():\n    raise E\ntry: f()\nexcept E as e: e.__traceback__.tb_frame.f_back", "__traceback__"),
+    ("class Lazy:\n    def __torch_function__(cls, *a): pass", "__torch_function__"),
+    ("x = (1).__class__.__mro__", "__class__"),
+    ("from importlib import import_module", "import importlib"),
+    ("import numpy as np\nnp.ctypeslib", "ctypeslib"),
+    ("import triton\ntriton.runtime.driver.active.utils.load_binary", "load_binary"),
+    ("eval('1')", "eval"),
+    ("from helper import f", "import helper"),   # a module the grader did not read
+])
+def test_each_way_in_is_named(text, what):
+    assert what in audit(text)
+
+
+def test_the_main_idiom_and_own_modules_are_fine():
+    files = {"submission.py": "from helper import f\nimport triton.language as tl\n"
+                              "if __name__ == '__main__':\n    print(f())\n",
+             "helper.py": "def f():\n    return 1\n",
+             "pkg/__init__.py": "", "pkg/sub.py": "X = 1\n"}
+    assert reach.python_reach(files) == []
+    assert reach.python_reach({"submission.py": "import pkg.sub\n", "pkg/__init__.py": ""}) == []
+
+
+def test_a_file_that_does_not_parse_cannot_be_cleared():
+    findings = reach.python_reach({"submission.py": "def f(:\n"})
+    assert findings and "cannot parse" in findings[0].why
+
+
+def test_findings_name_the_file_and_line():
+    text = reach.verdict(reach.python_reach({"a.py": "x = 1\nimport gc\n"}))
+    assert "a.py line 2: import gc" in text and "reaches past its kernel" in text
+
+
+# ---------------------------------------------------------------- the loader: sources only
+
+
+def test_the_subject_imports_the_audited_source_never_a_shipped_cache(tmp_path):
+    """A bytecode cache that claims to be valid for helper.py (unchecked hash) holds other code;
+    an ordinary import runs it, the subject's loader compiles the source."""
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "helper.py").write_text("WHO = 'source'\n")
+    other = tmp_path / "other.py"
+    other.write_text("WHO = 'planted'\n")
+    cache = importlib.util.cache_from_source(str(folder / "helper.py"))
+    Path(cache).parent.mkdir()
+    py_compile.compile(str(other), cfile=cache,
+                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    (folder / "planted.pyc").write_bytes(Path(cache).read_bytes())   # sourceless module
+    probe = textwrap.dedent(f"""
+        import sys
+        folder = {str(folder)!r}
+        if sys.argv[1] == "subject":
+            from pathlib import Path
+            from grader.subject.loop import source_only_imports
+            source_only_imports(Path(folder).resolve())
+        sys.path.insert(0, folder)
+        import helper
+        print(helper.WHO)
+        try:
+            import planted
+            print("planted importable")
+        except ImportError:
+            print("planted refused")
+        """)
+    def run(mode):
+        return subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True,
+                              cwd=REPO, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    plain = run("plain").stdout.split()
+    assert plain == ["planted", "planted", "importable"]          # the attack works without it
+    guarded = run("subject")
+    assert guarded.stdout.split() == ["source", "planted", "refused"], guarded.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- native: the object's imports
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None,
+                               reason="needs g++ and binutils")
+
+
+def compile_object(tmp_path, source: str) -> Path:
+    src, obj = tmp_path / "cuda.cu.cpp", tmp_path / "cuda.cuda.o"
+    src.write_text(textwrap.dedent(source))
+    subprocess.run(["g++", "-c", "-fPIC", "-O1", "-o", str(obj), str(src)], check=True, timeout=300)
+    return obj
+
+
+# Declarations shaped like the ones torch's headers give (same mangled names), without torch.
+DECLARATIONS = """
+    #include <cstring>
+    #include <cstdio>
+    namespace at { namespace _ops {
+      struct empty_memory_format { static int call(int); };
+      struct transpose_int { static int call(int); };
+      struct to_dtype_layout { static int call(int); };
+      struct matmul { static int call(int); };
+      struct _softmax { static int call(int); };
+      struct _scaled_dot_product_cudnn_attention { static int call(int); };
+    } }
+    extern "C" {
+      int __cudaLaunchKernel(const void*, int);
+      struct _object; typedef struct _object PyObject;
+      PyObject* PyImport_AddModule(const char*);
+      int PyObject_SetAttrString(PyObject*, const char*, PyObject*);
+      void* dlsym(void*, const char*);
+      int cuGetProcAddress(const char*, void**, int, unsigned long long);
+    }
+"""
+
+
+@needs_gxx
+def test_an_honest_objects_imports_pass(tmp_path):
+    obj = compile_object(tmp_path, DECLARATIONS + """
+        int forward(int x, char* a, const char* b) {
+            std::memcpy(a, b, 4);
+            return at::_ops::empty_memory_format::call(x) + at::_ops::transpose_int::call(x)
+                 + at::_ops::to_dtype_layout::call(x) + __cudaLaunchKernel(nullptr, x);
+        }""")
+    assert reach.native_reach(obj) == []
+
+
+@needs_gxx
+def test_an_objects_ways_in_are_named(tmp_path):
+    obj = compile_object(tmp_path, DECLARATIONS + """
+        int forward(int x) {
+            PyObject_SetAttrString(PyImport_AddModule("__main__"), "launched_names", nullptr);
+            void* f = dlsym(nullptr, "x");
+            cuGetProcAddress("cuLaunchKernel", &f, 12000, 0);
+            std::FILE* maps = std::fopen("/proc/self/maps", "r");
+            return at::_ops::matmul::call(x) + at::_ops::_softmax::call(x)
+                 + at::_ops::_scaled_dot_product_cudnn_attention::call(x) + (maps != nullptr);
+        }""")
+    named = {f.what: f.why for f in reach.native_reach(obj)}
+    for what in ("PyImport_AddModule", "PyObject_SetAttrString", "dlsym", "cuGetProcAddress",
+                 "fopen", "at::_ops::matmul::call", "at::_ops::_softmax::call",
+                 "at::_ops::_scaled_dot_product_cudnn_attention::call"):
+        assert what in named, (what, named)
+    assert "Python C API" in named["PyImport_AddModule"]
+    assert "computes" in named["at::_ops::matmul::call"]
+
+
+def test_without_nm_the_audit_says_what_the_machine_lacks(monkeypatch, tmp_path):
+    monkeypatch.setattr(reach.shutil, "which", lambda name: None)
+    with pytest.raises(reach.AuditUnavailable, match="binutils"):
+        reach.native_reach(tmp_path / "cuda.cuda.o")
+
+
+def test_an_unauditable_build_is_the_machines_fault(monkeypatch, tmp_path):
+    from grader.build import BuildResult
+    from grader.pipeline import audit_build
+    from grader.status import Status
+    from grader.submission import inspect_folder
+    sub = inspect_folder(EXAMPLES / "naive_cuda")
+    monkeypatch.setattr(reach.shutil, "which", lambda name: None)
+    r = audit_build(sub, BuildResult(Status.PASS, "extension", 1.0, artifact="x.so"), tmp_path)
+    assert r.status is Status.ENVIRONMENT_ERROR and "binutils" in r.message
