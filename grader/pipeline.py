@@ -216,7 +216,7 @@ def source_verdict(sub: Submission, source: str) -> str:
     is nothing to flag."""
     texts = [tampering_verdict(source)]
     if sub.kind is Kind.PYTHON:
-        texts.append(reach.verdict(reach.audit_sources(source)))
+        texts.append(reach.verdict(reach.audit_sources(source, sub.path)))
     return "\n".join(t for t in texts if t)
 
 

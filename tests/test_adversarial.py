@@ -21,8 +21,9 @@ from grader.sandbox import Sandbox, default_layout
 from .adversarial.assemble import EXPECTED, INCLUDE, assemble, names
 from .conftest import EXAMPLES, cuda_available, has_nvcc
 
-# Short limits: the hanging and sleeping submissions cost their limit each.
-LIMITS = dict(GRADER_RUN_S="30", GRADER_BUILD_S="45", GRADER_IMPORT_S="60", GRADER_TIME_S="150",
+# Short limits: the hanging and sleeping submissions cost their limit each. Builds get 240 s: a
+# compile check of a file that includes torch takes a minute or more on a loaded 2-core machine.
+LIMITS = dict(GRADER_RUN_S="30", GRADER_BUILD_S="240", GRADER_IMPORT_S="60", GRADER_TIME_S="150",
               GRADER_TIME_BUDGET_S="3")
 
 
@@ -120,7 +121,7 @@ def test_adversarial_on_the_gpu(tmp_path):
     assert "unaccounted for" in results["lib_timed_only_py"]["message"]
     assert "reaches past its kernel" in results["forge_kernels_py"]["message"]
     assert "PyImport_AddModule" in results["forge_kernels_cu"]["message"]
-    assert "precision budget" in results["lowprec_py"]["message"]
+    assert any("precision budget" in (c.get("message") or "") for c in results["lowprec_py"]["cases"])
 
 
 def check_same_times(results: dict) -> None:

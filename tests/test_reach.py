@@ -61,6 +61,17 @@ def test_every_attack_that_reaches_the_grader_is_seen(name):
     ("import triton\ntriton.runtime.driver.active.utils.load_binary", "load_binary"),
     ("eval('1')", "eval"),
     ("from helper import f", "import helper"),   # a module the grader did not read
+    # written against the first version of the audit (a red team's, 2026-11-22)
+    ("import typing\ndef f(x: 'typing.sys'): pass", "sys"),                 # annotations are code
+    ("import functools\nfunctools.singledispatch", "singledispatch"),
+    ("import enum\nb = enum.bltns", "bltns"),
+    ("import random\nx = random._os", "random._os"),
+    ("import typing\nop = typing.Any\nm = typing", "typing"),               # a module as a value
+    ("match e:\n    case object(_sys=object(modules=m)): pass", "modules"),
+    ("self = x\nself._create_fn", "self._create_fn"),
+    ("import torch\nx = torch.autograd.profiler_util.FunctionEvent", "profiler_util"),
+    ("from torch import load as restore", "torch.load"),
+    ("import torch\ntorch.cuda.memory.CUDAPluggableAllocator('x.so', 'a', 'b')", "CUDAPluggableAllocator"),
 ])
 def test_each_way_in_is_named(text, what):
     assert what in audit(text)
@@ -73,6 +84,28 @@ def test_the_main_idiom_and_own_modules_are_fine():
              "pkg/__init__.py": "", "pkg/sub.py": "X = 1\n"}
     assert reach.python_reach(files) == []
     assert reach.python_reach({"submission.py": "import pkg.sub\n", "pkg/__init__.py": ""}) == []
+
+
+def test_a_local_file_named_like_a_module_python_finds_first_is_not_the_submissions():
+    """`import gc` loads the interpreter's gc even with a gc.py in the folder."""
+    files = {"submission.py": "import gc as g\n", "gc.py": "X = 1\n"}
+    assert "import gc" in [f.what for f in reach.python_reach(files)]
+
+
+def test_a_file_read_differently_by_python_is_not_cleared():
+    text = "# coding: unicode_escape\nx = 1 #\\u000aimport sys\n"
+    assert "Python would read this file differently" in reach.python_reach({"submission.py": text})[0].why
+
+
+def test_python_files_the_grader_did_not_read_are_named(tmp_path):
+    (tmp_path / "submission.py").write_text("from pkg import big\ndef custom_kernel(data):\n    return big.f(data)\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "big.py").write_text("# padding\n" * 200_000)     # over read_sources' 1 MiB
+    (tmp_path / ".hidden").mkdir()
+    (tmp_path / ".hidden" / "x.py").write_text("import sys\n")
+    findings = reach.audit_sources(read_sources(tmp_path), tmp_path)
+    assert {f.what for f in findings} >= {str(Path("pkg") / "big.py"), str(Path(".hidden") / "x.py")}
 
 
 def test_a_file_that_does_not_parse_cannot_be_cleared():
@@ -128,7 +161,7 @@ def test_the_subject_imports_the_audited_source_never_a_shipped_cache(tmp_path):
 
 # ---------------------------------------------------------------- native: the object's imports
 
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None,
+needs_gxx = pytest.mark.skipif(any(shutil.which(t) is None for t in ("g++", "nm", "objdump")),
                                reason="needs g++ and binutils")
 
 
@@ -151,6 +184,9 @@ DECLARATIONS = """
       struct _softmax { static int call(int); };
       struct _scaled_dot_product_cudnn_attention { static int call(int); };
     } }
+    namespace at { namespace cuda { int mm(int); int warp_size(); }
+                   namespace compositeimplicitautograd { int matmul(int); }
+                   struct DynamicLibrary { DynamicLibrary(const char*); void* sym(const char*); }; }
     extern "C" {
       int __cudaLaunchKernel(const void*, int);
       struct _object; typedef struct _object PyObject;
@@ -158,6 +194,8 @@ DECLARATIONS = """
       int PyObject_SetAttrString(PyObject*, const char*, PyObject*);
       void* dlsym(void*, const char*);
       int cuGetProcAddress(const char*, void**, int, unsigned long long);
+      void* _IO_popen(const char*, const char*);
+      int _Fork(void);
     }
 """
 
@@ -168,7 +206,8 @@ def test_an_honest_objects_imports_pass(tmp_path):
         int forward(int x, char* a, const char* b) {
             std::memcpy(a, b, 4);
             return at::_ops::empty_memory_format::call(x) + at::_ops::transpose_int::call(x)
-                 + at::_ops::to_dtype_layout::call(x) + __cudaLaunchKernel(nullptr, x);
+                 + at::_ops::to_dtype_layout::call(x) + __cudaLaunchKernel(nullptr, x)
+                 + at::cuda::warp_size();
         }""")
     assert reach.native_reach(obj) == []
 
@@ -181,13 +220,20 @@ def test_an_objects_ways_in_are_named(tmp_path):
             void* f = dlsym(nullptr, "x");
             cuGetProcAddress("cuLaunchKernel", &f, 12000, 0);
             std::FILE* maps = std::fopen("/proc/self/maps", "r");
+            at::DynamicLibrary lib("libpython3.so");
+            long pid;
+            asm volatile("syscall" : "=a"(pid) : "a"(39L) : "rcx", "r11", "memory");
             return at::_ops::matmul::call(x) + at::_ops::_softmax::call(x)
-                 + at::_ops::_scaled_dot_product_cudnn_attention::call(x) + (maps != nullptr);
+                 + at::_ops::_scaled_dot_product_cudnn_attention::call(x) + (maps != nullptr)
+                 + at::cuda::mm(x) + at::compositeimplicitautograd::matmul(x) + _Fork()
+                 + (_IO_popen("sh", "r") != nullptr) + (lib.sym("x") != nullptr) + (int)pid;
         }""")
     named = {f.what: f.why for f in reach.native_reach(obj)}
     for what in ("PyImport_AddModule", "PyObject_SetAttrString", "dlsym", "cuGetProcAddress",
                  "fopen", "at::_ops::matmul::call", "at::_ops::_softmax::call",
-                 "at::_ops::_scaled_dot_product_cudnn_attention::call"):
+                 "at::_ops::_scaled_dot_product_cudnn_attention::call", "at::cuda::mm",
+                 "at::compositeimplicitautograd::matmul", "at::DynamicLibrary::sym", "_Fork",
+                 "_IO_popen", "syscall instruction"):
         assert what in named, (what, named)
     assert "Python C API" in named["PyImport_AddModule"]
     assert "computes" in named["at::_ops::matmul::call"]
