@@ -1,6 +1,6 @@
 # FlashAttention assignment kit. Verbs are targets; knobs are variables:
 #   make grade SUBMISSIONS=path/to/folders-or-drop.zip RESULTS=results ROSTER=roster.csv
-#   make check SUBMISSION=student
+#   make check SUBMISSION=student VERBOSE=1   (VERBOSE=1: ptxas registers, spills, shared memory)
 #   make test | make test-gpu | make bench | make adversarial | make timing-trust
 #   make release | make clean (keeps results/) | make clean-results (deletes them)
 SHELL := /bin/sh
@@ -12,6 +12,7 @@ WITH_TRITON ?= auto
 WITH_BROWSER ?= auto
 SUBMISSIONS ?= examples
 SUBMISSION ?= student
+VERBOSE ?=
 RESULTS ?= results
 ROSTER ?=
 POLICY ?=
@@ -41,7 +42,7 @@ grade: env
 	$(PY) -m grader grade $(SUBMISSIONS) $(GRADE_ARGS) $(if $(ROSTER),--roster $(ROSTER))
 
 check: env
-	$(PY) -m grader check $(SUBMISSION) $(if $(POLICY),--policy $(POLICY))
+	$(PY) -m grader check $(SUBMISSION) $(if $(POLICY),--policy $(POLICY)) $(if $(filter 1,$(VERBOSE)),--verbose)
 
 leaderboard: env
 	$(PY) -m grader leaderboard --out $(RESULTS) $(REPORT_ARGS)

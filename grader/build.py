@@ -222,8 +222,16 @@ def relevant_log(output: str, source_name: str = "submission.cu", *, errors_only
 # ---------------------------------------------------------------- the child process
 
 
+# `check --verbose` sets this for the builds it starts: ptxas then reports each kernel's registers,
+# spills, stack and shared memory (-Xptxas=-v), in the build log, which check summarises.
+PTXAS_VERBOSE_ENV = "GRADER_PTXAS_VERBOSE"
+
+
 def arch_flags(arch: str) -> list[str]:
-    return [f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    """The flags that decide the device code (one architecture, the GPU's own, or the course
+    GPU's without one) and, with PTXAS_VERBOSE_ENV set, ptxas's report on it."""
+    verbose = ["-Xptxas=-v"] if os.environ.get(PTXAS_VERBOSE_ENV) == "1" else []
+    return [f"-gencode=arch=compute_{arch},code=sm_{arch}", *verbose]
 
 
 def build_extension(source: Path, name: str, build_dir: Path, arch: str,
@@ -255,20 +263,82 @@ def cuda_include_dirs() -> list[str]:
     return [d for d in dirs if d and os.path.isdir(d)]
 
 
-def _compile_only(source: Path, name: str, build_dir: Path, arch: str, nvcc: str) -> None:
-    import subprocess
+# The compile check (no GPU) compiles the same translation unit as the real build, with the same
+# flags, except that the student's `#include <torch/extension.h>` finds CHECK_EXTENSION_H first:
+# torch's tensor API without the parts of extension.h that a kernel file does not use, the Python
+# binding (pybind11; load_inline's wrapper supplies it) and the C++ frontend (torch::nn, optim,
+# data, serialize, jit). That halves what nvcc parses, twice over (cudafe++ and cicc), and the host
+# compile. A failure that could come from the parts left out is compiled again with the real
+# extension.h (check_error_is_own), so a file is never called broken that the real build accepts.
+CHECK_EXTENSION_H = """#pragma once
+// The grader's compile check: torch/extension.h without the Python binding and the C++ frontend.
+#include <torch/types.h>
+#include <torch/utils.h>
+#include <torch/cuda.h>
+"""
+_NOT_OWN = re.compile(r"\b(?:torch|at|c10|caffe2|pybind11|py|PYBIND11_\w*|TORCH_\w*|C10_\w*|AT_\w*)\b")
+_USING = re.compile(r"\busing\s+namespace\s+(?:torch|at|c10|pybind11|py)\b|\bnamespace\s+py\s*=")
+
+
+def check_error_is_own(output: str, source: str) -> bool:
+    """Whether a failed compile check's errors are the file's own whatever torch headers it sees:
+    every error is in the file itself (cuda.cu), none names torch, ATen, c10 or pybind11 (a name
+    that the full extension.h might declare), and the file does not pull those namespaces in
+    (then any undeclared name could be theirs)."""
+    if _USING.search(source):
+        return False
+    errors = [l for l in output.splitlines() if re.search(r"\berror\b", l)]
+    if not errors:
+        return False
+    for line in errors:
+        if not (_CUDA_LOC.search(line) or _GCC_LOC.search(line)) or _NOT_OWN.search(line):
+            return False
+    return True
+
+
+def compile_check_command(unit: Path, obj: Path, name: str, arch: str, nvcc: str,
+                          first_include: list[str] = ()) -> list[str]:
+    """nvcc's command for the compile check: load_inline's flags for a CUDA source (torch's
+    COMMON_NVCC_FLAGS, the C++ standard and ABI of this torch, -O3, one architecture)."""
     import torch
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
-    unit = build_dir / "cuda.cu"
-    unit.write_text("\n".join(LOAD_INLINE_PRELUDE + [source.read_text()]))
     std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10) else "-std=c++17"
-    cmd = [nvcc, "-c", str(unit), "-o", str(build_dir / STUDENT_OBJECT), std, "-O3",
+    cmd = [nvcc, "-c", str(unit), "-o", str(obj), std, "-O3",
            f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
            "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",   # the CPU build of torch lacks this generated header
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            "-Xcompiler", "-fPIC", *COMMON_NVCC_FLAGS, *arch_flags(arch)]
-    for inc in include_paths() + cuda_include_dirs() + [sysconfig.get_paths()["include"]]:
+    for inc in [*first_include, *include_paths(), *cuda_include_dirs(), sysconfig.get_paths()["include"]]:
         cmd += ["-I", inc]
+    return cmd
+
+
+def _compile_only(source: Path, name: str, build_dir: Path, arch: str, nvcc: str) -> None:
+    import subprocess
+    import time
+    text = source.read_text()
+    unit = build_dir / "cuda.cu"
+    unit.write_text("\n".join(LOAD_INLINE_PRELUDE + [text]))
+    obj = build_dir / STUDENT_OBJECT
+    shim = build_dir / "check-include"
+    (shim / "torch").mkdir(parents=True, exist_ok=True)
+    (shim / "torch" / "extension.h").write_text(CHECK_EXTENSION_H)
+    print(f"compile check for sm_{arch} (no GPU here: compiled, not run)", flush=True)
+    cmd = compile_check_command(unit, obj, name, arch, nvcc, [str(shim)])
+    print(" ".join(cmd), flush=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace")
+    if proc.returncode == 0 or check_error_is_own(proc.stdout, text):
+        print(proc.stdout, end="", flush=True)
+        print(f"compile check: {time.monotonic() - t0:.1f} s", flush=True)
+        sys.exit(proc.returncode)
+    # Only the second compile's output is shown: the student reads each message once.
+    print(f"compile check: failed in {time.monotonic() - t0:.1f} s in a way that may involve "
+          f"torch's headers; compiling again with the full torch/extension.h, as the real build "
+          f"does", flush=True)
+    obj.unlink(missing_ok=True)
+    cmd = compile_check_command(unit, obj, name, arch, nvcc)
     print(" ".join(cmd), flush=True)
     sys.exit(subprocess.run(cmd).returncode)
 

@@ -139,5 +139,15 @@ for n in z.namelist():
         rm -rf "$TMP"
     fi
 fi
+# torch without a working numpy warns on every import ("Failed to initialize NumPy") and cannot
+# convert tensors to arrays, which Triton's CPU interpreter does all the time: say so here, once.
+if ! "$PY" -c "import numpy, torch; torch.from_numpy(numpy.zeros(1))" >/dev/null 2>&1; then
+    echo "bootstrap: WARNING: numpy does not work with this torch here; install the version" \
+         "pyproject.toml names: $PIP install 'numpy<2.4'" >&2
+fi
+if [ "$WITH_TRITON" != 0 ] && "$PY" -c "import triton" 2>/dev/null; then
+    echo "bootstrap: Triton $("$PY" -c 'import triton; print(triton.__version__)') installed:" \
+         "Triton submissions run on its interpreter where there is no GPU (TRITON_INTERPRET=1)"
+fi
 printf '%s\n' "${KNOBS:-base=$BASE_PYTHON torch=$TORCH_SPEC triton=$WITH_TRITON browser=$WITH_BROWSER}" > "$STAMP"
 echo "bootstrap: ready ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'))"

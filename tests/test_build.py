@@ -116,16 +116,6 @@ def test_compile_check_without_gpu_reports_the_students_line(tmp_path):
     assert f"submission.cu:{line}: error" in r.log_tail and "m_nwe" in r.message
 
 
-def test_first_open_todo_skips_boilerplate_and_orders_by_number():
-    from grader.hints import first_open_todo
-    src = ("// TODO(2.0): switch versions\n// TODO(0): nothing\n  // TODO(1.3): accumulate\n"
-           "// TODO(1.1): the score s = q.k\n")
-    assert first_open_todo(src) == "TODO(1.1): the score s = q.k"
-    assert first_open_todo("int main() {}") is None
-    skeleton = (config.REPO_ROOT / "student" / "submission.cu").read_text()
-    assert first_open_todo(skeleton).startswith("TODO(1.1)")
-
-
 def test_only_the_machines_outcomes_go_unscored():
     assert {s for s in Status if not s.scored} == {Status.NOT_RUN, Status.ENVIRONMENT_ERROR,
                                                    Status.NO_RESULT}

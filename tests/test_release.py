@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -23,6 +24,7 @@ EXPECTED = {
     "README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "test_cases/test.txt",
     "templates/leaderboard.html.j2", "student/README.md", "student/Makefile",
     "student/submission.cu", "student/triton/submission.py",
+    "grader/skeleton/submission.cu", "grader/skeleton/submission.py",
 } | {str(p.relative_to(ROOT)) for p in (ROOT / "grader").rglob("*.py") if "__pycache__" not in p.parts}
 
 
@@ -44,8 +46,10 @@ def test_archive_holds_exactly_the_student_files(unpacked):
 
 def test_nothing_instructor_only_leaks(unpacked):
     solution = (ROOT / "solution" / "submission.cu").read_text()
+    # (the PTX instructions' own names, mma.sync.aligned and ldmatrix.sync.aligned, are in the
+    # handout's appendix on purpose: these are the solution's own names)
     markers = ["Reference solution (instructors only", "attention_kernel3", "ldmatrix_x4_trans",
-               "mma.sync.aligned", "fast_exp2"]
+               "swizzle<D>(", "fast_exp2"]
     assert all(m in solution for m in markers)   # the markers really are the solution's
     hidden = [l.strip() for l in (ROOT / "test_cases" / "hidden.txt").read_text().splitlines()
               if l.strip() and not l.startswith("#")]
@@ -70,18 +74,118 @@ def test_leak_check_refuses_planted_content(tmp_path):
     assert any("student/submission.cu: contains instructor-only content" in p for p in problems)
 
 
+HIDDEN = [dict((k.strip(), int(v)) for k, v in (f.split(":") for f in line.split(";")))
+          for line in (l.split("#", 1)[0].strip() for l in
+                       (ROOT / "test_cases" / "hidden.txt").read_text().splitlines()) if line]
+# What the handout says of the hidden cases on purpose: "sequence lengths that are not a multiple
+# of the tile, as small as 1; head_dim 64". Any other hidden sequence length is a leak.
+DISCLOSED_SEQ_LENS = {1}
+
+
+def hidden_shape_hits(text: str) -> list[str]:
+    """Every place `text` names a hidden case: a hidden sequence length after a key or in a list
+    after one (`seq_len: 77`, `S = 1, 77`, `"seq_len": 77`, `S=77`, `seqlen 77`), in a case id
+    (`_s77_d64`) or a shape tuple; a hidden case's id; a hidden seed after `seed`."""
+    hits = []
+    for c in HIDDEN:
+        b, h, s, d, seed = c["batch_size"], c["num_heads"], c["seq_len"], c["head_dim"], c["seed"]
+        found = [re.search(rf"b{b}_h{h}_s{s}_d{d}", text),
+                 re.search(rf"\(\s*{b}\s*,\s*{h}\s*,\s*{s}\s*,\s*{d}\s*\)", text),
+                 re.search(rf"\bseed\W{{0,3}}{seed}\b", text, re.I)]
+        if s not in DISCLOSED_SEQ_LENS:
+            found += [re.search(rf"\b(?:seq_?len|seqlen|sequence lengths?|S|N)\W{{0,4}}"
+                                rf"(?:(?:of|is)\s+)?(?:\d+\W{{1,3}})*{s}\b", text, re.I),
+                      re.search(rf"_s{s}_d", text)]
+        hits += [m.group(0) for m in found if m]
+    return hits
+
+
+def test_the_leak_scan_finds_hidden_shapes_however_written():
+    planted = ["test with S = 1, 77, 1000, 2049 in mind", "seq_len: 113", '{"seq_len": 4097}',
+               "b1_h2_s77_d64", "(2, 3, 2049, 128)", "`S` = 2049", "seed: 19", "a seq_len of 1000"]
+    for text in planted:
+        assert hidden_shape_hits(text), text
+    fine = ["sequence lengths that are not a multiple of the tile, as small as 1; head_dim 64",
+            "(4, 64, 8192, 128)", "seq_len: 1024; head_dim: 128; seed: 1118", "numel >= 1000",
+            "S = 1"]
+    for text in fine:
+        assert not hidden_shape_hits(text), text
+
+
+def test_the_release_names_no_hidden_shape_and_no_instructor_path(unpacked):
+    for path in sorted(p for p in unpacked.rglob("*") if p.is_file()):
+        rel = path.relative_to(unpacked)
+        for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            where = f"{rel}:{lineno}: {line.strip()}"
+            assert not hidden_shape_hits(line), where
+            assert not re.search(r"hidden\.txt|\bsolution/|/\s*\"solution\"", line), where
+    handout = (unpacked / "student" / "README.md").read_text()
+    assert "sequence lengths that are not a multiple of the tile, as small\n  as 1; `head_dim` 64" in handout
+    # the shipped grader still runs: the scrubbed settings are paths that do not exist
+    proc = subprocess.run([sys.executable, "-c", "from grader import config; import grader.__main__; "
+                           "print(config.HIDDEN_CASES.exists(), config.SOLUTION_DIR.is_dir())"],
+                          cwd=unpacked, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["False", "False"], proc.stderr[-2000:]
+
+
+def test_the_release_is_refused_when_the_handout_names_a_hidden_shape(tmp_path):
+    (tmp_path / "student").mkdir()
+    (tmp_path / "student" / "README.md").write_text("Mind the tails: S = 1, 77, 1000, 2049.\n")
+    (tmp_path / "README.md").write_text("the cases live in test_cases/hidden.txt\n")
+    problems = release.find_leaks(tmp_path)
+    assert any(p.startswith("student/README.md:1: names a hidden case (seq_len 77)") for p in problems)
+    assert any(p.startswith("README.md:1: names an instructor-only path") for p in problems)
+
+
+def kit_env() -> dict:
+    """The environment of a student's `make` in the unpacked kit: the set-up reuses this
+    interpreter's packages (as on a machine that has them: no download), and no Makefile
+    variables leak in from the make that runs the tests."""
+    env = dict(os.environ, PYTHON_BASE=sys.executable, TORCH_SPEC="torch")
+    env["GRADER_CUDA_INCLUDE"] = env.get("GRADER_CUDA_INCLUDE", str(ROOT / ".venv" / "cuda-include"))
+    for name in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "SUBMISSION", "VERBOSE", "WITH_TRITON"):
+        env.pop(name, None)
+    return env
+
+
+INSTRUCTOR_ONLY = ("NOT SANDBOXED", "hidden.txt", "the solution", "Failed to initialize NumPy",
+                   "GRADER_SANDBOX")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not has_nvcc(), reason="the compile check needs nvcc")
 def test_make_check_from_the_unpacked_release(unpacked):
-    env = dict(os.environ, PYTHON_BASE=sys.executable, TORCH_SPEC="torch")
-    env["GRADER_CUDA_INCLUDE"] = env.get("GRADER_CUDA_INCLUDE", str(ROOT / ".venv" / "cuda-include"))
-    env.pop("MAKEFLAGS", None)
-    proc = subprocess.run(["make", "check"], cwd=unpacked, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(["make", "check", "VERBOSE=1"], cwd=unpacked, env=kit_env(),
+                          capture_output=True, text=True, timeout=900)
     out = proc.stdout
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "student: NOT_RUN" in out and "compiled; not run: no CUDA device" in out
-    assert "the first is TODO(1.1)" in out
+    assert "The first TODO still on the skeleton's code is TODO(1.1): the score" in out
+    assert "Compiled for sm_90a, the course GPU's architecture" in out
+    assert re.search(r"attention_kernel1<64>\s+\d+ registers\s+0 B spill stores", out), out[-2000:]
+    assert not [w for w in INSTRUCTOR_ONLY if w in out + proc.stderr]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="this machine has no Triton wheel (the kit's set-up says so too)")
+def test_make_check_of_the_triton_track_from_the_unpacked_release(unpacked):
+    """A fresh kit's two commands work for the Triton track on a machine without a GPU: the
+    set-up provides Triton's interpreter and numpy, and the check names the first open TODO."""
+    proc = subprocess.run(["make", "check", "SUBMISSION=student/triton"], cwd=unpacked,
+                          env=kit_env(), capture_output=True, text=True, timeout=900)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    assert "triton: NOT_RUN" in proc.stdout, proc.stdout[-3000:]
+    assert ("No case here is small enough for the CPU, so nothing was checked. The first TODO still "
+            "on the skeleton's code is TODO(1.1): load the K tile") in proc.stdout
+    assert "No module named" not in text and not [w for w in INSTRUCTOR_ONLY if w in text]
+    # a file instead of its folder: a usage error that names the fix, not a verdict
+    proc = subprocess.run(["make", "check", "SUBMISSION=student/triton/submission.py"],
+                          cwd=unpacked, env=kit_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "BUILD_ERROR" not in proc.stdout
+    assert ("student/triton/submission.py is a file; check takes the folder that holds it: "
+            "make check SUBMISSION=student/triton") in proc.stderr
 
 
 def test_handout_performance_table_is_generated_from_the_bench_results():
