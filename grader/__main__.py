@@ -44,8 +44,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="hidden test cases (used when the file exists)")
     p.add_argument("--no-hidden", action="store_true", help="public cases only")
     p.add_argument("--cpu", action="store_true", help="act as if there were no CUDA device")
-    p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
-                   help="builds in parallel (default: the CPU cores, at most 8; nvcc is one process)")
+    p.add_argument("--jobs", type=int,
+                   help="builds in parallel (default: the CPUs builds run on, at most 8; nvcc is "
+                        "one process)")
     p.add_argument("--calibration", action="store_true",
                    help="timing calibration: library calls are allowed and nothing is ranked "
                         "(e.g. a submission that wraps SDPA FLASH, to compare with its baseline row)")
@@ -172,7 +173,8 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     t0 = time.monotonic()
     code = 0
     try:
-        grade_all(subs, ctx, baselines=baselines, build_jobs=args.jobs,
+        jobs = args.jobs if args.jobs is not None else min(8, len(ctx.cpus.build))
+        grade_all(subs, ctx, baselines=baselines, build_jobs=jobs,
                   force=getattr(args, "force", False), only=only, journal=journal)
     except GpuUnhealthy as e:
         progress.note(f"STOPPED: {e}")

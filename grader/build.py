@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import config
 from .device import DeviceInfo
-from .procs import ProcResult, child_env, run_limited
+from .procs import ProcResult, child_env, run_limited, split_cpus
 from .sandbox import Sandbox, give_to_sandbox
 from .status import Status
 from .submission import Kind, Submission
@@ -124,7 +124,8 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
     proc = run_limited(cmd, timeout_s=timeout, env=child_env(cuda=device.cuda), cwd=sub.path,
                        head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
                        memory_bytes=int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None,
-                       file_bytes=int(limits.file_gb * (1 << 30)))
+                       file_bytes=int(limits.file_gb * (1 << 30)),
+                       cpus=split_cpus(limits.gpu_stage_cpus).build)   # off the timed calls' CPUs
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(proc.output)

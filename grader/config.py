@@ -45,6 +45,7 @@ class Limits:
     Build: a trivial torch extension takes ~35 s on the GPU machine and 38-50 s with 12 in
     parallel (shared/GPU_NOTES.md); a compile-only check takes ~40-70 s on the 2-core CPU machine.
     Run: a naive one-warp-per-row kernel takes ~4 s a call on the largest public case.
+    CPUs: `gpu_stage_cpus` are kept for the GPU stages, off the builds' (procs.split_cpus).
     """
     build_s: float = 300.0
     import_s: float = 120.0
@@ -56,6 +57,12 @@ class Limits:
     file_gb: float = 4.0           # largest file a submission's process may write (a preprocessor bomb)
     output_head_bytes: int = 8_192
     output_tail_bytes: int = 24_576
+    # The harness and the subject both busy-poll their pipes, so a timed call's protocol cost
+    # depends on getting a core at once: calibrated while 14 builds compiled it came out
+    # 4.4 / 7.5 ms, not 1.2 / 1.3 (notes/gpu_runs.md, session 5). Three: those two, and one for
+    # the grader's own threads, bubblewrap and the driver's helper threads (the checker and the
+    # health probe run alone). Only on a machine with RESERVE_MIN_CPUS or more; 0: none.
+    gpu_stage_cpus: int = 3
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -94,6 +101,10 @@ PROVIDED_HEADERS = ("cublas_v2.h", "cublas.h", "cublasLt.h", "cusparse.h", "cuso
 # again; a second timeout under such load is the machine's (environment_error). A submission's
 # own build adds about 1 to the load: 2 per core means others are competing for the cores.
 OVERLOADED_PER_CORE = 2.0
+
+# The GPU stages get CPUs of their own (Limits.gpu_stage_cpus) only where the grader may use at
+# least this many: with fewer, the builds would be left one or two, and timing shares the machine.
+RESERVE_MIN_CPUS = 6
 
 # Timing: stop when the relative standard error of the mean is under 0.5% ...
 TIMING_TARGET_RSE = 0.005

@@ -10,7 +10,7 @@ from pathlib import Path
 from . import config
 from .cases import Case
 from .compare import Finding
-from .procs import ProcResult, run_limited
+from .procs import ProcResult, run_limited, split_cpus
 from .status import Status
 
 CHECK_TESTS = Path(__file__).parent / "checks" / "test_outputs.py"
@@ -57,7 +57,7 @@ def _run_checker(spec: dict, *, out_dir: Path, limits: config.Limits, env: dict)
            f"--json-report-file={report_path}", "--json-report-omit", "collectors", "log",
            "keywords", "streams", "--json-report-indent=0"]
     proc = run_limited(cmd, timeout_s=limits.check_s, env={**env, "GRADER_CHECK_SPEC": str(spec_path)},
-                       cwd=config.REPO_ROOT)
+                       cwd=config.REPO_ROOT, cpus=split_cpus(limits.gpu_stage_cpus).gpu)
     report = json.loads(report_path.read_text()) if report_path.exists() else {"tests": []}
     return report, proc
 

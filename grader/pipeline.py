@@ -23,7 +23,7 @@ from .device import DeviceInfo
 from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
-from .procs import Cancelled, ProcResult, cancel_all, child_env, run_limited
+from .procs import Cancelled, CpuSplit, ProcResult, cancel_all, child_env, run_limited, split_cpus
 from .progress import Progress
 from .results import SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
@@ -60,6 +60,12 @@ class GradeContext:
     @property
     def env(self) -> dict:
         return child_env(cuda=self.device.cuda)
+
+    @property
+    def cpus(self) -> CpuSplit:
+        """Where the GPU stages and the builds run (procs.split_cpus): calibration and every timed
+        call see the same quiet CPUs, whatever compiles meanwhile."""
+        return split_cpus(self.limits.gpu_stage_cpus)
 
 
 def now() -> str:
@@ -337,7 +343,8 @@ def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folde
     spec_path = work / f"{mode}_spec.json"
     spec_path.write_text(json.dumps(spec))
     proc = run_limited([sys.executable, "-m", "grader.harness", "--spec", str(spec_path)],
-                       timeout_s=deadline_s + 300, env=ctx.env, cwd=config.REPO_ROOT)
+                       timeout_s=deadline_s + 300, env=ctx.env, cwd=config.REPO_ROOT,
+                       cpus=ctx.cpus.gpu)
     if not result_path.exists():
         return None, proc.output
     record = json.loads(result_path.read_text())
@@ -425,7 +432,7 @@ def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
     ctx.progress.note(f"protocol calibrated: {cost.idle_ms:.3f} ms per call without GPU work, "
                       f"{cost.busy_ms:.3f} ms around {cost.busy_work_ms:.1f} ms of it (round trip "
                       f"{record['rtt_ms']:.3f} ms, GPU context switches, output copy), subtracted "
-                      f"from every timed call")
+                      f"from every timed call; {ctx.cpus.describe()}")
     return cost
 
 
@@ -436,7 +443,8 @@ def ensure_gpu_healthy(ctx: GradeContext, *, tries: int = 2) -> None:
     probe = ("import torch; x = torch.ones(1 << 20, device='cuda'); "
              "assert float(x.sum()) == float(1 << 20); torch.cuda.synchronize()")
     for attempt in range(tries):
-        proc = run_limited([sys.executable, "-c", probe], timeout_s=120, env=ctx.env)
+        proc = run_limited([sys.executable, "-c", probe], timeout_s=120, env=ctx.env,
+                           cpus=ctx.cpus.gpu)
         if proc.ok:
             return
         time.sleep(5 * (attempt + 1))
@@ -475,7 +483,8 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
               build_jobs: int, force: bool = False, only: set[str] | None = None,
               journal: "RunJournal | None" = None) -> list[SubmissionResult]:
     """Builds run `build_jobs` at a time; the GPU stages run one submission at a time, in the
-    order the builds finish. PyTorch baselines are timed while the first builds compile.
+    order the builds finish, on CPUs the builds do not use (GradeContext.cpus). PyTorch baselines
+    are timed while the first builds compile.
 
     A submission or baseline whose result on disk has this run's key (grader/runs.py) is
     skipped, unless `force`; with `only`, those ids are graded and the others keep what they

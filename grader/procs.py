@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from . import config
 from .text import clean
@@ -93,6 +93,52 @@ def end_run() -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class CpuSplit:
+    """The CPUs the GPU stages' processes run on (the harness and its subject, the checker, the
+    health probe) and those the builds' run on (nvcc, ninja, an import check), each with
+    everything it starts. Without a reservation both are every CPU the grader may use."""
+    gpu: tuple[int, ...]
+    build: tuple[int, ...]
+
+    @property
+    def reserved(self) -> bool:
+        return self.gpu != self.build
+
+    def describe(self) -> str:
+        if self.reserved:
+            return f"GPU stages on CPUs {_cpu_list(self.gpu)}, builds on {_cpu_list(self.build)}"
+        return f"GPU stages share CPUs {_cpu_list(self.gpu)} with the builds (none reserved)"
+
+
+def split_cpus(reserve: int, available: Iterable[int] | None = None) -> CpuSplit:
+    """Which CPUs the GPU stages keep to themselves and which the builds get, from `available`
+    (default: the CPUs this process may run on, os.sched_getaffinity, not os.cpu_count).
+
+    With at least config.RESERVE_MIN_CPUS available, the `reserve` highest-numbered
+    (Limits.gpu_stage_cpus: 3, GRADER_GPU_STAGE_CPUS overrides) go to the GPU stages and the
+    builds get the rest, at least one; CPU 0, which takes most interrupts, stays with the builds.
+    With fewer, or `reserve` 0, nothing is reserved: both get them all, and the timed calls share
+    the machine with whatever compiles. Hyperthread siblings are not kept apart: a build may run
+    on the other half of a reserved core."""
+    cpus = tuple(sorted(set(os.sched_getaffinity(0) if available is None else available)))
+    if reserve <= 0 or len(cpus) < config.RESERVE_MIN_CPUS:
+        return CpuSplit(gpu=cpus, build=cpus)
+    reserve = min(reserve, len(cpus) - 1)
+    return CpuSplit(gpu=cpus[-reserve:], build=cpus[:-reserve])
+
+
+def _cpu_list(cpus: tuple[int, ...]) -> str:
+    """'0-12' or '0,2,5-7', as taskset and /proc write CPU lists."""
+    runs: list[list[int]] = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
+@dataclasses.dataclass(frozen=True)
 class ProcResult:
     returncode: int | None       # None when it was killed for running too long
     timed_out: bool
@@ -159,14 +205,22 @@ class _CappedReader(threading.Thread):
 
 def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathLike | None = None,
                  head_bytes: int = 8192, tail_bytes: int = 24576, memory_bytes: int | None = None,
-                 file_bytes: int | None = None, pass_fds: tuple[int, ...] = ()
+                 file_bytes: int | None = None, pass_fds: tuple[int, ...] = (),
+                 cpus: Iterable[int] | None = None
                  ) -> tuple[subprocess.Popen, "_CappedReader"]:
     """Start `cmd` in a new session with stdout and stderr merged into a capped reader.
     `memory_bytes` caps the address space of it and its children (not for CUDA processes: the
     driver maps far more virtual memory than it uses); `file_bytes` caps any file they write;
-    `pass_fds` stay open in the child."""
+    `pass_fds` stay open in the child; `cpus` (a CpuSplit's, among this process's own CPUs)
+    are the only CPUs it and everything it starts may run on."""
 
     parent = os.getpid()
+    pin = None
+    if cpus is not None:   # checked here: the child could only fail with a bare SubprocessError
+        pin, allowed = frozenset(cpus), os.sched_getaffinity(0)
+        if not pin or not pin <= allowed:
+            raise ValueError(f"cpus must be a non-empty subset of this process's CPUs "
+                             f"{_cpu_list(tuple(sorted(allowed)))}; got {sorted(pin)}")
 
     def prepare_child() -> None:
         # The child dies with the thread that started it, even by kill -9 (its own children are
@@ -174,6 +228,8 @@ def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathL
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:   # the parent died before prctl took effect
             os._exit(1)
+        if pin is not None:   # before exec: nothing of the command runs elsewhere, and every
+            os.sched_setaffinity(0, pin)   # process it starts (bubblewrap's too) inherits it
         if memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         if file_bytes:
@@ -196,12 +252,13 @@ def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathL
 def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
                 cwd: str | os.PathLike | None = None, head_bytes: int = 8192,
                 tail_bytes: int = 24576, memory_bytes: int | None = None,
-                file_bytes: int | None = None) -> ProcResult:
-    """Run `cmd` in a new session with a wall-clock limit; output merged and capped (spawn_capped)."""
+                file_bytes: int | None = None, cpus: Iterable[int] | None = None) -> ProcResult:
+    """Run `cmd` in a new session with a wall-clock limit; output merged and capped, `cpus` the
+    only CPUs it runs on (spawn_capped)."""
     start = time.monotonic()
     proc, reader = spawn_capped(cmd, env=env, cwd=cwd, head_bytes=head_bytes,
                                 tail_bytes=tail_bytes, memory_bytes=memory_bytes,
-                                file_bytes=file_bytes)
+                                file_bytes=file_bytes, cpus=cpus)
     timed_out = False
     try:
         proc.wait(timeout=timeout_s)
