@@ -70,7 +70,8 @@ attrgetter methodcaller get_type_hints ForwardRef evaluate_forward_ref singledis
 singledispatchmethod
 f_back f_globals f_locals f_builtins f_code tb_frame tb_next gi_frame cr_frame ag_frame gi_code
 cudart nvtx package sys_importer hub cpp_extension load_inline load_library
-compile_module_from_src load_binary fromfile from_file memmap frombuffer serialization
+compile_module_from_src load_binary fromfile from_file memmap frombuffer stride_tricks
+serialization
 weights_only allow_pickle pickle_module CUDAPluggableAllocator XPUPluggableAllocator
 change_current_allocator FunctionEvent EventList overrides library mro share_memory_
 set_trace settrace setprofile
@@ -159,9 +160,9 @@ class ReachFinding:
 
 
 def python_reach(files: dict[str, str]) -> list[ReachFinding]:
-    """Findings for every Python file of a submission, {relative path: text}. What the grader
-    cannot read exactly as Python will (a file that does not parse, another encoding), it cannot
-    clear."""
+    """Findings for every Python file of a submission, {relative path: text}. A file Python
+    would decode differently (a coding cookie) cannot be cleared; one that does not parse is left
+    to the build, where importing it fails with the student's own SyntaxError."""
     own = _own_modules(files)
     findings = []
     for name, text in files.items():
@@ -173,12 +174,10 @@ def python_reach(files: dict[str, str]) -> list[ReachFinding]:
                                          "Python would read this file differently from the audit: "
                                          "save it as UTF-8"))
             continue
-        try:
-            tree = ast.parse(text, filename=name)
-        except (SyntaxError, ValueError) as e:
-            findings.append(ReachFinding(name, f"line {getattr(e, 'lineno', '?')}",
-                                         "the grader cannot parse this file, so it cannot audit it"))
-            continue
+        try:   # Python drops a UTF-8 byte order mark before it parses; so does the audit
+            tree = ast.parse(text.removeprefix("\ufeff"), filename=name)
+        except (SyntaxError, ValueError):
+            continue   # nor can Python run it: importing it fails with the student's own error
         findings += _Audit(name, own).run(tree)
     return findings
 

@@ -60,6 +60,7 @@ def test_every_attack_that_reaches_the_grader_is_seen(name):
     ("import numpy as np\nnp.ctypeslib", "ctypeslib"),
     ("import triton\ntriton.runtime.driver.active.utils.load_binary", "load_binary"),
     ("eval('1')", "eval"),
+    ("import numpy as np\nnp.lib.stride_tricks.as_strided", "stride_tricks"),   # raw memory
     ("from helper import f", "import helper"),   # a module the grader did not read
     # written against the first version of the audit (a red team's, 2026-11-22)
     ("import typing\ndef f(x: 'typing.sys'): pass", "sys"),                 # annotations are code
@@ -108,9 +109,9 @@ def test_python_files_the_grader_did_not_read_are_named(tmp_path):
     assert {f.what for f in findings} >= {str(Path("pkg") / "big.py"), str(Path(".hidden") / "x.py")}
 
 
-def test_a_file_that_does_not_parse_cannot_be_cleared():
-    findings = reach.python_reach({"submission.py": "def f(:\n"})
-    assert findings and "cannot parse" in findings[0].why
+def test_a_syntax_error_is_the_builds_to_report_and_a_byte_order_mark_is_read_as_python_does():
+    assert reach.python_reach({"submission.py": "def f(:\n"}) == []
+    assert "import sys" in [f.what for f in reach.python_reach({"submission.py": "\ufeffimport sys\n"})]
 
 
 def test_findings_name_the_file_and_line():

@@ -34,14 +34,19 @@ ZEROS = """
         return torch.zeros_like(data[0])
 """
 SYNTAX_ERROR = "def custom_kernel(data)\n    return data\n"
-# Sleeps while it is imported (the build stage of a Python submission) for SLOW_S seconds.
+# Sleeps while it is imported (the build stage of a Python submission) for as many seconds as its
+# slow_seconds.py says (slow_for).
 SLOW = """
-    import os
     import time
-    time.sleep(float(os.environ.get("SLOW_S", "0")))
+    from slow_seconds import SECONDS
+    time.sleep(SECONDS)
     def custom_kernel(data):
         raise ValueError("not finished")
 """
+
+
+def slow_for(course, seconds: int) -> None:
+    (course.root / "z_slow" / "slow_seconds.py").write_text(f"SECONDS = {seconds}\n")
 
 
 @pytest.fixture
@@ -166,9 +171,10 @@ def _start_slow_run(course) -> subprocess.Popen:
     course.add("a_fast", SYNTAX_ERROR)
     course.add("b_fast", SYNTAX_ERROR + "# b\n")
     course.add("z_slow", SLOW)
+    slow_for(course, 900)
     proc = subprocess.Popen([sys.executable, "-m", "grader", *course.args("--jobs", "1")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=config.REPO_ROOT, env=course.env(SLOW_S="900"),
+                            cwd=config.REPO_ROOT, env=course.env(),
                             start_new_session=True)
     wait_for(lambda: (course.out / "a_fast.json").exists() and (course.out / "b_fast.json").exists()
              and running("z_slow/submission.py"), 300, "the fast results and the slow build")
@@ -184,7 +190,8 @@ def _nothing_left(course) -> None:
 
 
 def _rerun_redoes_only_the_unfinished(course, stamps) -> None:
-    rerun = grade(course, SLOW_S="0")
+    slow_for(course, 0)
+    rerun = grade(course)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "a_fast: unchanged since" in rerun.stderr and "b_fast: unchanged since" in rerun.stderr
     assert "graded 1 of 3" in rerun.stderr and "skipped 2 unchanged" in rerun.stderr
