@@ -126,26 +126,23 @@ TAMPERING = re.compile(
 def code_lines(source: str):
     """(where, line) of each line of code: 'file line N' (files as read_sources marks them), with
     comments, docstrings and block comments left out."""
-    from .submission import FILE_MARK
-    name, number, in_block = "", 0, None
-    for line in source.split("\n"):
-        if line.startswith(FILE_MARK):
-            name, number, in_block = line[1:] + " ", 0, None
-            continue
-        number += 1
-        stripped = line.strip()
-        if in_block:
-            if in_block in stripped:
-                in_block = None
-            continue
-        for opener, closer in (('"""', '"""'), ("\'\'\'", "\'\'\'"), ("/*", "*/")):
-            if stripped.startswith(opener):
-                if stripped.count(opener) == 1 if opener == closer else closer not in stripped[2:]:
-                    in_block = closer
-                break
-        else:
-            if not stripped.startswith(("//", "#", "*")):
-                yield f"{name}line {number}", line
+    from .submission import split_sources
+    for name, text in split_sources(source).items():
+        in_block = None
+        for number, line in enumerate(text.split("\n"), 1):
+            stripped = line.strip()
+            if in_block:
+                if in_block in stripped:
+                    in_block = None
+                continue
+            for opener, closer in (('"""', '"""'), ("\'\'\'", "\'\'\'"), ("/*", "*/")):
+                if stripped.startswith(opener):
+                    if stripped.count(opener) == 1 if opener == closer else closer not in stripped[2:]:
+                        in_block = closer
+                    break
+            else:
+                if not stripped.startswith(("//", "#", "*")):
+                    yield f"{name} line {number}" if name else f"line {number}", line
 
 
 def tampering_lines(source: str, limit: int = 5) -> list[str]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import os
 import re
@@ -104,23 +105,25 @@ from .integrity import CPU_ALLOWED_OPS  # noqa: E402
 DATA_OPS = frozenset(op.split("::", 1)[1] for op in CPU_ALLOWED_OPS)
 
 # Imported symbols (demangled, templates removed) that reach the process, the machine or a
-# library's kernels.
-NATIVE_REACH = re.compile(r"""^(
-    _?Py\w+ | pybind11::.* |                                    # the Python C API
-    dl\w+ | _dl_\w+ | __libc_dl\w+ | dl_iterate_phdr | getauxval |   # the dynamic linker
-    at::DynamicLibrary\b.* | c10::cuda::DriverAPI\b.* | at::detail::get\w*Hooks\b.* |
-    cuGetProcAddress\w* | cudaGetDriverEntryPoint\w* | cuModule\w+ | cuLibrary\w+ |
-    cudaLibrary\w+ | cuLaunch\w* | cudaGetFuncBySymbol | cuKernel\w+ |
-    cudaIpc\w+ | cuIpc\w+ | cuMem(Export|Import)\w* |                 # other processes' memory
-    cupti\w+ | cudaProfiler\w+ | cuProfiler\w+ | nvtx\w+ |
-    [\w:]*cublas\w* | [\w:]*cudnn\w* |
-    std::thread::.* | at::launch | at::intraop_launch | c10::ThreadPool\b.* |
-    std::basic_[io]?fstream\b.* | std::basic_filebuf::open\w* | std::__basic_file\b.* |
-    std::filesystem::.* |
-    c10::Dispatcher\b.* | c10::OperatorHandle\b.* | c10::impl::OperatorEntry\b.* |
-    torch::Library\b.* | torch::jit::.* | torch::autograd::profiler::.* | torch::profiler::.* |
-    libkineto::.* | at::native::.* | at::cuda::blas::.* | at::composite\w*::.*
-)$""", re.VERBOSE)
+# library's kernels: (why, pattern), the first match names the reason.
+NATIVE_REACH = [(why, re.compile(rf"^({pattern})$", re.VERBOSE)) for why, pattern in (
+    ("the Python C API: a way to the grader's objects", r"_?Py\w+ | pybind11::.*"),
+    ("loads or looks up code behind the grader's back", r"""
+        dl\w+ | _dl_\w+ | __libc_dl\w+ | dl_iterate_phdr | getauxval | at::DynamicLibrary\b.* |
+        c10::cuda::DriverAPI\b.* | at::detail::get\w*Hooks\b.* | cuGetProcAddress\w* |
+        cudaGetDriverEntryPoint\w* | cuModule\w+ | cuLibrary\w+ | cudaLibrary\w+ | cuLaunch\w* |
+        cudaGetFuncBySymbol | cuKernel\w+"""),
+    ("another process's memory", r"cudaIpc\w+ | cuIpc\w+ | cuMem(Export|Import)\w*"),
+    ("the profiler", r"""cupti\w+ | cudaProfiler\w+ | cuProfiler\w+ | nvtx\w+ |
+        torch::autograd::profiler::.* | torch::profiler::.* | libkineto::.*"""),
+    ("a library's kernels or PyTorch's dispatcher", r"""
+        [\w:]*cublas\w* | [\w:]*cudnn\w* | c10::Dispatcher\b.* | c10::OperatorHandle\b.* |
+        c10::impl::OperatorEntry\b.* | torch::Library\b.* | torch::jit::.* | at::native::.* |
+        at::cuda::blas::.* | at::composite\w*::.*"""),
+    ("threads or files", r"""std::thread::.* | at::launch | at::intraop_launch | c10::ThreadPool\b.* |
+        std::basic_[io]?fstream\b.* | std::basic_filebuf::open\w* | std::__basic_file\b.* |
+        std::filesystem::.*"""),
+)]
 
 # PyTorch operators called through a backend's namespace (at::cuda::mm) compute too.
 _BACKEND_OP = re.compile(r"^at::(cpu|cuda|meta|mps|xpu)::([a-z0-9_]+)$")
@@ -195,6 +198,7 @@ def _own_modules(files: dict[str, str]) -> set[str]:
     return own - shadowed
 
 
+@functools.lru_cache(maxsize=4096)
 def _resolve(path: str):
     """The module an attribute path names, looked up in the grader's own import of an allowed
     library (trusted code); None when the path is not a module or cannot be resolved."""
@@ -386,8 +390,8 @@ def native_reach(obj: Path) -> list[ReachFinding]:
             findings.append(ReachFinding(obj.name, head, "a PyTorch operator that computes"))
         elif backend and not _data_op(backend.group(2)) and backend.group(2) not in _BACKEND_HELPERS:
             findings.append(ReachFinding(obj.name, head, "a PyTorch operator that computes"))
-        elif NATIVE_REACH.match(head):
-            findings.append(ReachFinding(obj.name, head, _native_why(head)))
+        elif why := _native_reason(head):
+            findings.append(ReachFinding(obj.name, head, why))
         elif re.fullmatch(r"\w+", head) and not C_ALLOWED.match(head):
             findings.append(ReachFinding(obj.name, head, "a C library function outside what a "
                                          "kernel's host code needs (files, processes, threads, "
@@ -426,17 +430,8 @@ def _data_op(name: str) -> bool:
                for i in range(1, len(parts) + 1))
 
 
-def _native_why(symbol: str) -> str:
-    if re.match(r"_?Py|pybind11", symbol):
-        return "the Python C API: a way to the grader's objects"
-    if re.search(r"cublas|cudnn|Dispatcher|OperatorHandle|OperatorEntry|at::|torch::jit|Library",
-                 symbol, re.IGNORECASE):
-        return "a library's kernels or PyTorch's dispatcher"
-    if re.search(r"profiler|cupti|kineto|nvtx", symbol, re.IGNORECASE):
-        return "the profiler"
-    if re.match(r"dl|_dl|__libc_dl|getauxval|cu|cuda", symbol):
-        return "loads or looks up code behind the grader's back"
-    return "processes, threads, files or raw memory"
+def _native_reason(symbol: str) -> str | None:
+    return next((why for why, pattern in NATIVE_REACH if pattern.match(symbol)), None)
 
 
 # ---------------------------------------------------------------- the verdict
@@ -446,17 +441,8 @@ def audit_sources(source: str, folder: Path | None = None) -> list[ReachFinding]
     """python_reach of the Python files in read_sources' text; with the folder, also every .py
     there that read_sources did not read (too large, too many, a link, a hidden folder): it could
     still be imported, and what was not read cannot be cleared."""
-    from .submission import FILE_MARK
-    files, name, lines = {}, None, []
-    for line in source.split("\n"):
-        if line.startswith(FILE_MARK):
-            if name is not None:
-                files[name] = "\n".join(lines)
-            name, lines = line[1:], []
-        else:
-            lines.append(line)
-    if name is not None:
-        files[name] = "\n".join(lines)
+    from .submission import split_sources
+    files = split_sources(source)
     findings = python_reach(files)
     if folder is not None:
         findings += _unread(Path(folder), set(files))

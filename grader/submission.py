@@ -89,6 +89,22 @@ def read_sources(folder: Path) -> str:
     return "\n".join(texts)
 
 
+def split_sources(text: str) -> dict[str, str]:
+    """read_sources' text as {relative path: file text}; text without its marks is one file
+    named ''."""
+    files, name, lines = {}, "", []
+    for line in text.split("\n"):   # not splitlines(): FILE_MARK is a line break to it
+        if line.startswith(FILE_MARK):
+            if lines or name:
+                files[name] = "\n".join(lines)
+            name, lines = line[1:], []
+        else:
+            lines.append(line)
+    if lines or name:
+        files[name] = "\n".join(lines)
+    return files
+
+
 def inspect_folder(path: Path, *, role: Role = Role.STUDENT, id: str | None = None) -> Submission:
     path = Path(path).absolute()   # absolute, not resolved: a symlinked folder keeps its name
     sid = id or path.name
