@@ -12,6 +12,7 @@
    calls with the protocol's idle gaps between them (GPU clocks, power), which is not overhead.
 
     python bench/timing_trust.py        # on the GPU machine; writes bench/timing_trust.json
+    python bench/timing_trust.py --no-in-process    # without the in-process context figures
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def custom_kernel(data):
 
 
 def main() -> int:
+    in_process = "--no-in-process" not in sys.argv[1:]
     subs = WORK / "submissions"
     shutil.rmtree(WORK, ignore_errors=True)
     for name in ("same_kernel_a", "same_kernel_b"):
@@ -62,7 +64,9 @@ def main() -> int:
                    stats={k: r["timing"] for k, r in results.items() if r.get("timing")})
     overhead = protocol_overhead(results, flash, out)
     figures["protocol_overhead"] = overhead
-    figures["against_in_process"] = against_in_process(out, run, med)
+    protocol = out / "_protocol.json"
+    figures["protocol_cost"] = json.loads(protocol.read_text()).get("cost") if protocol.exists() else None
+    figures["against_in_process"] = against_in_process(out, run, med) if in_process else {}
     (ROOT / "bench" / "timing_trust.json").write_text(json.dumps(figures, indent=1) + "\n")
     for k, v in med.items():
         print(f"  {k:28s} {v:9.3f} ms")

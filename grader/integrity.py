@@ -244,7 +244,7 @@ def _accounting(stats, own: set[str], library_allowed: bool) -> list[TimingFindi
     if not stats.launched:
         return [TimingFinding("flagged", "no GPU kernel was observed during the timed calls: the "
                               "work ran where the grader's profiler cannot see it.")]
-    per_call = explained_ms(stats.launched, own, library_allowed=library_allowed) / max(stats.n, 1)
+    per_call = explained_ms(stats.launched, own, library_allowed=library_allowed) / max(stats.profiled_calls or stats.n, 1)
     measured = (stats.raw_mean_ms - stats.protocol_ms) if stats.raw_mean_ms else stats.mean_ms
     unexplained = measured - per_call
     allowed = ACCOUNT_FLOOR_MS + ACCOUNT_FRACTION * measured

@@ -430,9 +430,9 @@ def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
         return ProtocolCost()
     cost = ProtocolCost.from_dict(record["protocol"])
     ctx.progress.note(f"protocol calibrated: {cost.idle_ms:.3f} ms per call without GPU work, "
-                      f"{cost.busy_ms:.3f} ms around {cost.busy_work_ms:.1f} ms of it (round trip "
-                      f"{record['rtt_ms']:.3f} ms, GPU context switches, output copy), subtracted "
-                      f"from every timed call; {ctx.cpus.describe()}")
+                      f"{cost.busy_ms:.3f} ms around {cost.busy_work_ms:.1f} ms of attention kernels "
+                      f"(round trip {record['rtt_ms']:.3f} ms, GPU context switches, output copy), "
+                      f"subtracted from every timed call; {ctx.cpus.describe()}")
     return cost
 
 

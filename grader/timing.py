@@ -33,7 +33,8 @@ class TimingStats:
     raw_mean_ms: float = 0.0       # mean of the later clock, before the copy is subtracted
     protocol_ms: float = 0.0       # mean subtracted per call: the protocol's own cost (ProtocolCost), measured on null subjects
     rtt_ms: float = 0.0            # one request/reply round trip with the subject (not subtracted)
-    launched: tuple = ()           # [name, count, GPU µs] over the timed calls, as the subject reported them
+    launched: tuple = ()           # [name, count, GPU µs] over the profiled calls, as the subject reported them
+    profiled_calls: int = 0        # calls the profiler saw: the timed ones and the last warm-up call
     subject_events_ms: float = 0.0 # diagnostic only, never ranked: the median of the subject's own CUDA
                                    # events around its calls, as it reported them (the protocol's overhead
                                    # is median_ms against this, on the same calls: bench/timing_trust.py)
@@ -54,11 +55,12 @@ class ProtocolCost:
     """What the protocol itself adds to a timed call, measured once per run by the harness on
     trusted subjects that load no submission (grader/harness.py calibrate):
 
-    - idle_ms: a call that does no GPU work (the round trip, the output's copy, two GPU context
+    - idle_ms: a call that does no GPU work (the round trip, the output's copy, the GPU context
       switches);
-    - busy_ms: a call whose GPU work lasts busy_work_ms (a GPU wait of a few milliseconds), less
-      that work as the subject's own CUDA events measured it. On an H100 this is 0.4-0.6 ms more
-      than idle_ms, and about the same from 2 to 25 ms of work (notes/gpu_runs.md).
+    - busy_ms: a call that runs an attention kernel on the timed case (harness.CALIBRATION_KERNELS:
+      SDPA's cuDNN and FLASH kernels, busy_work_ms on average), less that work as the kernel's own
+      CUDA events measured it, averaged over the kernels. On an H100 this is 0.15-0.4 ms more than
+      idle_ms (notes/gpu_runs.md, bench/protocol_probe.json).
 
     A call of w ms of work beyond the idle cost pays idle_ms plus the difference, scaled by
     min(w / busy_work_ms, 1). The subtracted cost grows with the raw time at a slope below 1, so

@@ -46,3 +46,19 @@ def test_the_harness_times_a_known_kernel_from_another_process(tmp_path):
     assert record["verify"]["checked"] == stats["n"] + 0 and record["verify"]["wrong"] == 0
     assert 1 <= len(record["spots"]) <= 3 and all(s["finding"]["ok"] for s in record["spots"])
     assert any("flash" in name for name, *_ in stats["launched"])
+
+
+def test_the_protocol_is_calibrated_on_subjects_that_load_no_submission(tmp_path):
+    import sys
+    from grader import harness
+    from grader.pipeline import SUBJECT
+    from grader.procs import child_env
+    case = Case(1, 16, 2048, 128, seed=1)
+    spec = dict(mode="calibrate", device="cuda", target=dict(kind="builtin", name="null"),
+                subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
+                tail_bytes=4096, file_bytes=1 << 32, deadline_s=300, env=child_env(cuda=True),
+                case=case.to_dict(), l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size, reps=8)
+    record = harness.calibrate(spec)
+    cost = record["protocol"]
+    assert 0 < cost["idle_ms"] < 20 and cost["busy_ms"] > 0 and cost["busy_work_ms"] > 0, record
+    assert set(record["breakdown"]) == {"null", *harness.CALIBRATION_KERNELS}

@@ -140,3 +140,28 @@ def test_what_the_subject_says_about_its_own_time_is_parsed_defensively():
     assert _diagnostic_ms(3.5) == 3.5 and _diagnostic_ms(0) == 0.0
     for bad in (None, True, "3", -1.0, float("nan"), float("inf"), 1e12, [1]):
         assert _diagnostic_ms(bad) is None
+
+
+def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
+    """The timed loop on the CPU: each call's reply carries nothing but what was returned, the
+    subject's account of itself comes in a second line after the harness's clock stopped, every
+    output is read and verified, and the profiler saw the timed calls and the last warm-up."""
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "submission.py").write_text("def custom_kernel(data):\n    return data[2] * 1\n")
+    case = Case(1, 2, 16, 64, seed=3)
+    spec = dict(mode="time", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
+                subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
+                tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
+                case=case.to_dict(), budget_s=60, l2_bytes=0, max_calls=6,
+                precision=dict(precision_factor=2.0, precision_floor=1e-3))
+    record = harness.time_case(spec)
+    assert "failed" not in record, record
+    stats = record["stats"]
+    assert stats["n"] == 6 and stats["profiled_calls"] == 7 and stats["stopped_by"] == "max_reps"
+    assert len(record["calls"]) == 6 and all(raw > 0 for raw, _ in record["calls"])
+    # V is not the attention of Q, K, V: every call's output was read and found wrong
+    assert record["verify"]["checked"] == 6 and record["verify"]["wrong"] == 6
+    assert stats["subject_host_ms"] > 0   # from the diagnostics line, after the reply
+    assert len(record["spots"]) == 3 and not any(s["finding"]["ok"] for s in record["spots"])
+    json.dumps(record)

@@ -54,7 +54,7 @@ def _gpu_wait(ms: float):
 
 FUNCTIONS = {
     "null": lambda q, k, v: q,   # no work: the harness's measure of the protocol's own cost
-    "null_busy": _gpu_wait(5.0),  # 5 ms of GPU waiting: the protocol's cost around real work
+    "null_busy": _gpu_wait(5.0),  # 5 ms of GPU waiting: a comparison point (bench/protocol_probe.py)
     "torch_reference": torch_reference,
     "sdpa_flash": _sdpa("FLASH_ATTENTION"),
     "sdpa_cudnn": _sdpa("CUDNN_ATTENTION"),

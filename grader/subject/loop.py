@@ -7,8 +7,10 @@ The harness starts it with two pipes and four shared buffers (Q, K, V, O) as inh
 descriptors. After loading the submission it answers each request, one JSON line each way:
 
     {"op": "call", "n": 7, "shape": [B, H, S, D], "profile": true}
-        -> {"event": "done", "n": 7, "returned": {...}, "launched": [...]}
+        -> {"event": "done", "n": 7, "returned": {...}, "launched": [...], "peak_memory_bytes": ...}
          | {"event": "error", "n": 7, "error": "ValueError", "message": ..., "context_alive": true}
+    {"op": "call", "n": 9, "shape": [B, H, S, D], "timed": true}
+        -> {"event": "done", "n": 9, "returned": {...}}, then {"event": "diagnostics", "n": 9, ...}
     {"op": "profile", "on": true}  /  {"op": "profile", "on": false} -> {"event": "profile", "kernels": [...]}
     {"op": "ping", "n": 8} -> {"event": "pong", "n": 8}
     {"op": "exit"}
@@ -139,6 +141,9 @@ class Subject:
                         for name, (fd, nbytes) in setup["buffers"].items()}
         self.fn = None
         self.profiler = None
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.device == "cuda" else []
+        self.t_line = 0.0
+        self.clocks = (0.0, 0.0, 0.0)
 
     def reply(self, record: dict) -> None:
         self.replies.write(json.dumps(record) + "\n")
@@ -156,9 +161,12 @@ class Subject:
             return False
 
     def call(self, request: dict) -> dict:
-        shape = tuple(request["shape"])
+        """One call on the shared buffers. A timed call ("timed": true) does nothing else between
+        the request and the reply: no memory statistics, its events made in advance, and what
+        this process measured about itself sent in a second line after the reply (diagnostics)."""
+        shape, timed = tuple(request["shape"]), bool(request.get("timed"))
         q, k, v, o = (self.buffers[name].view(shape) for name in "qkvo")
-        if self.device == "cuda":
+        if self.device == "cuda" and not timed:
             torch.cuda.reset_peak_memory_stats()
         received = time.perf_counter()
         profiler = None
@@ -167,7 +175,7 @@ class Subject:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             profiler = profile(activities=activities)
             profiler.__enter__()
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.device == "cuda" else []
+        events = self.events
         try:
             if events:
                 events[0].record()
@@ -177,17 +185,30 @@ class Subject:
             returned = describe(out, shape)
             if returned["usable"]:
                 o.copy_(out)
+            if events:
+                events[2].record()
             self.synchronize()
+            synced = time.perf_counter()
         finally:
             if profiler is not None:
                 profiler.__exit__(None, None, None)
+        self.clocks = (self.t_line, received, synced)
+        if timed:
+            return dict(event="done", returned=returned)
         peak = torch.cuda.max_memory_allocated() if self.device == "cuda" else 0
-        # Diagnostics only, never used to rank: this process's own clocks around the call (host,
-        # and CUDA events before the copy into O). The protocol's overhead is measured with them.
         return dict(event="done", returned=returned, peak_memory_bytes=peak,
-                    subject_ms=(time.perf_counter() - received) * 1e3,
-                    subject_gpu_ms=_elapsed_ms(events),
-                    launched=launched_names(profiler, self.device) if profiler else [])
+                    launched=launched_names(profiler, self.device) if profiler else [],
+                    **self.diagnostics())
+
+    def diagnostics(self) -> dict:
+        """Diagnostics only, never used to rank: this process's own clocks around the last call
+        (its CUDA events around the call and around the copy into O; the host clock when the
+        request line arrived, when it was taken up and when the work was done). The protocol's
+        overhead is measured with them (bench/timing_trust.py, bench/protocol_probe.py)."""
+        line, received, synced = self.clocks
+        return dict(subject_ms=(synced - received) * 1e3, subject_gpu_ms=_elapsed_ms(self.events[:2]),
+                    subject_copy_ms=_elapsed_ms(self.events[1:]), t_line=line,
+                    t_received=received, t_synced=synced)
 
     def profile(self, on: bool) -> dict:
         from torch.profiler import ProfilerActivity, profile
@@ -215,6 +236,7 @@ class Subject:
             line, sep, rest = pending.partition(b"\n")
             if sep:
                 pending = rest
+                self.t_line = time.perf_counter()
                 yield line.decode()
                 continue
             try:
@@ -240,8 +262,12 @@ class Subject:
             try:
                 record = self.call(request)
             except Exception as e:   # the submission's fault: reported, then the next request
-                record = dict(event="error", context_alive=self.context_alive(), **_error(e))
+                self.reply(dict(event="error", context_alive=self.context_alive(), **_error(e), n=n))
+                continue
+            t_replied = time.perf_counter()
             self.reply(dict(record, n=n))
+            if request.get("timed"):   # after the reply: outside the harness's clock
+                self.reply(dict(event="diagnostics", n=n, t_replied=t_replied, **self.diagnostics()))
 
 
 def _elapsed_ms(events: list) -> float | None:
