@@ -2,6 +2,7 @@
 #   make grade SUBMISSIONS=path/to/folders-or-drop.zip RESULTS=results ROSTER=roster.csv
 #   make check SUBMISSION=student VERBOSE=1   (VERBOSE=1: ptxas registers, spills, shared memory)
 #   make test | make test-gpu | make bench | make adversarial | make timing-trust
+#   make bench-grader COPIES=100 BUDGET=15 GPUS="0 0,1" BENCH_ARGS=--warm   (grader throughput)
 #   make release | make clean (keeps results/) | make clean-results (deletes them)
 SHELL := /bin/sh
 PYTHON_BASE ?= python3
@@ -17,10 +18,13 @@ RESULTS ?= results
 ROSTER ?=
 POLICY ?=
 JOBS ?=
+# 0: compile every CUDA submission again (--no-build-cache); default: reuse unchanged builds.
+BUILD_CACHE ?=
 PYTEST_ARGS ?=
 VENV := .venv
 PY := $(VENV)/bin/python
-GRADE_ARGS := --out $(RESULTS) $(if $(JOBS),--jobs $(JOBS)) $(if $(POLICY),--policy $(POLICY))
+GRADE_ARGS := --out $(RESULTS) $(if $(JOBS),--jobs $(JOBS)) $(if $(POLICY),--policy $(POLICY)) \
+  $(if $(filter 0,$(BUILD_CACHE)),--no-build-cache)
 REPORT_ARGS := $(if $(ROSTER),--roster $(ROSTER)) $(if $(POLICY),--policy $(POLICY))
 
 # Set-up runs again whenever a knob that changes what it installs changes: the stamp's name is a
@@ -30,7 +34,7 @@ CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
 KNOBS := base=$(PYTHON_BASE) torch=$(TORCH_SPEC) triton=$(WITH_TRITON) browser=$(WITH_BROWSER) chromium=$(CHROMIUM)
 STAMP := $(VENV)/.ready-$(shell printf '%s' '$(KNOBS)' | cksum | cut -d' ' -f1)
 
-.PHONY: env grade check leaderboard test test-gpu bench adversarial timing-trust perf-table release clean clean-results
+.PHONY: env grade check leaderboard test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
 
 env: $(STAMP)
 
@@ -56,6 +60,12 @@ test-gpu: env
 bench: env
 	$(PY) bench/bench.py
 	$(PY) scripts/perf_table.py
+
+# Issue 13: the grader's throughput on a synthetic course (COPIES honest copies and a few failing
+# ones), graded by the grader itself: submissions per minute, overhead, stages, GPU scaling.
+bench-grader: env
+	$(PY) bench/bench_grader.py $(if $(COPIES),--copies $(COPIES)) $(if $(BUDGET),--budget $(BUDGET)) \
+	  $(if $(GPUS),--gpus $(GPUS)) $(if $(JOBS),--jobs $(JOBS)) $(BENCH_ARGS)
 
 # Issue 5: the adversarial submissions beside the examples, graded as a course would grade them.
 adversarial: env

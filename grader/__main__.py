@@ -18,7 +18,8 @@ from pathlib import Path
 from . import config
 from .baselines import BASELINES
 from .build import PTXAS_VERBOSE_ENV
-from .cases import CaseFileError, largest, load_all_cases
+from .build_cache import FOLDER as CACHE_FOLDER, BuildCache
+from .cases import CaseFileError, largest, load_all_cases, load_cases, with_cases
 from .device import detect
 from .exports import NotWritten
 from .feedback import feedback_text
@@ -26,6 +27,7 @@ from .intake import DropError, open_drop
 from .locks import RunLock
 from .pipeline import GpuUnhealthy, GradeContext, grade_all, now
 from .policy import POLICY_FILE, PolicyError, load_policy, missing_baselines
+from .procs import default_build_jobs
 from .progress import Progress
 from .report import build_rows, text_table, write_reports
 from .results import RunFileError, read_results, read_run
@@ -45,8 +47,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-hidden", action="store_true", help="public cases only")
     p.add_argument("--cpu", action="store_true", help="act as if there were no CUDA device")
     p.add_argument("--jobs", type=int,
-                   help="builds in parallel (default: the CPUs builds run on, at most 8; nvcc is "
-                        "one process)")
+                   help="builds in parallel (default: one per CPU the builds run on, as many as "
+                        "memory holds: procs.default_build_jobs)")
+    p.add_argument("--no-build-cache", action="store_true",
+                   help="compile every CUDA submission, reusing no earlier build "
+                        "(default: reuse a build whose inputs are unchanged; build/cache)")
     p.add_argument("--calibration", action="store_true",
                    help="timing calibration: library calls are allowed and nothing is ranked "
                         "(e.g. a submission that wraps SDPA FLASH, to compare with its baseline row)")
@@ -102,8 +107,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) -> int:
+    device = detect(force_cpu=args.cpu)
     try:
         cases = load_all_cases(args.cases, None if args.no_hidden else args.hidden)
+        if getattr(args, "cpu_cases", None) and not device.cuda:   # check, no GPU: cases it can run
+            cases = with_cases(cases, load_cases(args.cpu_cases))
     except CaseFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -111,7 +119,6 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     if policy is None:
         return 2
     args.build_dir = args.build_dir.resolve()
-    device = detect(force_cpu=args.cpu)
     baselines = baselines if device.cuda else []   # PyTorch baselines are timed on a GPU only
     if args.command == "grade" and device.cuda and not args.calibration:
         timed = set(baselines) | {s.id for s in subs if s.role is Role.BASELINE}
@@ -169,11 +176,12 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     ctx = GradeContext(cases=tuple(cases), device=device, limits=limits,
                        out_dir=out, build_dir=args.build_dir, progress=progress, sandbox=sandbox,
                        calibration=args.calibration,
-                       precision=(policy.precision_factor, policy.precision_floor))
+                       precision=(policy.precision_factor, policy.precision_floor),
+                       build_cache=_build_cache(args, sandbox))
     t0 = time.monotonic()
     code = 0
     try:
-        jobs = args.jobs if args.jobs is not None else min(8, len(ctx.cpus.build))
+        jobs = args.jobs if args.jobs is not None else default_build_jobs(ctx.cpus)
         grade_all(subs, ctx, baselines=baselines, build_jobs=jobs,
                   force=getattr(args, "force", False), only=only, journal=journal)
     except GpuUnhealthy as e:
@@ -192,6 +200,18 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
         print(text_table(build_rows(results, run=run)))
         print(where_reports_are(paths, out))
     return code
+
+
+def _build_cache(args, sandbox: Sandbox) -> BuildCache | None:
+    """The build cache in the build folder, unless --no-build-cache. Without an active sandbox
+    it is off, and a grading run says so (grader/build_cache.py: only a sandboxed submission
+    cannot write it); a student's check, which has no secrets to keep, says nothing."""
+    if args.no_build_cache:
+        return None
+    cache = BuildCache(args.build_dir / CACHE_FOLDER, sandboxed=sandbox.active)
+    if not cache.usable and args.command != "check":
+        print(f"note: {cache.describe()}", file=sys.stderr)
+    return cache
 
 
 def where_reports_are(paths: dict, out: Path) -> str:
@@ -385,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sub = inspect_folder(args.path)
     out = args.out or config.DEFAULT_RESULTS / "check"
+    # Without a GPU, a Python submission also runs on small public cases (the public ones are too
+    # large for a CPU); a CUDA one is compile-checked only.
+    args.cpu_cases = config.CPU_CHECK_CASES if sub.kind is Kind.PYTHON else None
     if args.verbose:   # the builds this run starts report on each kernel; an unchanged one is rebuilt
         os.environ[PTXAS_VERBOSE_ENV] = "1"
         args.force = True

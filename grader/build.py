@@ -4,22 +4,31 @@ With a GPU, CUDA submissions are built exactly as a CS149-style wrapper does it,
 `torch.utils.cpp_extension.load_inline(..., functions=["flash_attention_forward"])`, with ninja,
 for the GPU's own architecture, in a build folder of their own. Without one, the same source is
 compile-checked with nvcc (no link: a CPU build of torch has no CUDA libraries to link against).
+
+Every CUDA build starts from an empty build folder. A build that nothing it depends on has changed
+since (build_inputs) is not compiled again: its files come back from the build cache
+(grader/build_cache.py), checked, and the stage's result is the one that build had.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import hashlib
 import importlib.util
 import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 from . import config
+from .build_cache import BuildCache, empty_folder
 from .device import DeviceInfo
 from .procs import ProcResult, child_env, run_limited, split_cpus
 from .sandbox import Sandbox, give_to_sandbox
@@ -40,6 +49,7 @@ class BuildResult:
     artifact: str | None = None   # the built extension module (.so)
     message: str = ""             # one line for the student
     log_tail: str = ""            # the relevant part of the compiler's output
+    reused: bool = False          # its files came from the build cache: nothing was compiled
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -51,8 +61,11 @@ class BuildResult:
 
 def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
                      limits: config.Limits, log_path: Path | None = None,
-                     sandbox: Sandbox | None = None) -> BuildResult:
-    """Build or import-check one submission; never raises for the submission's faults.
+                     sandbox: Sandbox | None = None, cache: BuildCache | None = None) -> BuildResult:
+    """Build or import-check one submission; never raises for the submission's faults. With a
+    `cache` and an active `sandbox` (grader/build_cache.py: only then can no submission write
+    the cache), a CUDA build whose inputs are unchanged is restored from it rather than
+    compiled, and a successful one is stored.
 
     A failure of the grading machine (a module or tool the set-up provides is missing) is an
     ENVIRONMENT_ERROR, never the student's; it is tried once more. So is a timeout while the
@@ -64,20 +77,61 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
         return BuildResult(Status.ENVIRONMENT_ERROR, "none", 0.0, message=(
             "the grading machine has no nvcc (the CUDA toolkit): install it or set CUDA_HOME. "
             + NOT_YOURS))
+    sandboxed = sandbox is not None and sandbox.active
+    if sub.kind is not Kind.CUDA or cache is None or not cache.usable or not sandboxed:
+        return _build_tried(sub, build_dir=build_dir, device=device, limits=limits,
+                            log_path=log_path, sandbox=sandbox)[0]
+    return _build_cached(sub, cache, build_dir=build_dir.resolve(), device=device, limits=limits,
+                         log_path=log_path, sandbox=sandbox)
+
+
+def _build_cached(sub: Submission, cache: BuildCache, *, build_dir: Path, device: DeviceInfo,
+                  limits: config.Limits, log_path: Path | None,
+                  sandbox: Sandbox | None) -> BuildResult:
+    """A CUDA build through the cache: restored when its inputs have an entry, else built (from
+    an empty folder) and, when it passes, stored. Only passing builds are kept: a failure may be
+    the machine's or a limit's, and costs the same to find again."""
+    mode = cuda_mode(device)
+    inputs = build_inputs(sub, device)
+    started = time.monotonic()
+    hit = cache.restore(inputs, build_dir)
+    if hit is not None:
+        _write_log(log_path, f"[build cache: nothing compiled; the files of the build of "
+                             f"{hit.created_at} ({hit.compile_s:.1f} s), entry {hit.key}, checked "
+                             f"and reused]\n{hit.log}")
+        return BuildResult(Status.PASS, mode, time.monotonic() - started,
+                           artifact=artifact_path(build_dir, mode, sub.module_name),
+                           log_tail=hit.log_tail, reused=True)
+    built, output = _build_tried(sub, build_dir=build_dir, device=device, limits=limits,
+                                 log_path=log_path, sandbox=sandbox)
+    if built.status is Status.PASS:
+        if build_inputs(sub, device) != inputs:   # the folder changed while it compiled
+            return built
+        not_stored = cache.store(inputs, build_dir, cached_files(mode, sub.module_name),
+                                 compile_s=built.elapsed_s, log=output, log_tail=built.log_tail)
+        if not_stored:
+            print(f"build cache: {sub.module_name}: {not_stored}", file=sys.stderr, flush=True)
+    return built
+
+
+def _build_tried(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits: config.Limits,
+                 log_path: Path | None, sandbox: Sandbox | None) -> tuple[BuildResult, str]:
+    """One try, and a second where the machine may be at fault; the result and the output of
+    the try it comes from."""
     # The load is read before each try: during one, the submission's own processes add to it,
     # and a hung build must not be able to make its own timeout look like the machine's.
     load = machine_load()
-    first = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
-                        log_path=log_path, sandbox=sandbox)
+    first, output = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
+                                log_path=log_path, sandbox=sandbox)
     if first.status is Status.ENVIRONMENT_ERROR:
         retry_why = "the grading machine failed"
     elif first.status is Status.TIMEOUT and load >= config.OVERLOADED_PER_CORE:
         retry_why = f"the machine was overloaded (load {load:.1f} per core)"
     else:
-        return first
+        return first, output
     load = min(load, machine_load())
-    second = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
-                         log_path=log_path, sandbox=sandbox)
+    second, output = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
+                                 log_path=log_path, sandbox=sandbox)
     elapsed = round(first.elapsed_s + second.elapsed_s, 2)
     note = f"tried twice: {retry_why} on the first try"
     if second.status is Status.TIMEOUT and first.status is Status.TIMEOUT:
@@ -85,9 +139,110 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
             return dataclasses.replace(second, status=Status.ENVIRONMENT_ERROR, elapsed_s=elapsed,
                                        message=(f"{second.message} twice, while the grading machine "
                                                 f"was overloaded (load {load:.1f} per core): it "
-                                                f"cannot tell slow from hung. " + NOT_YOURS))
+                                                f"cannot tell slow from hung. " + NOT_YOURS)), output
     return dataclasses.replace(second, elapsed_s=elapsed, message=(
-        f"{second.message} ({note})" if second.message else note))
+        f"{second.message} ({note})" if second.message else note)), output
+
+
+def cuda_mode(device: DeviceInfo) -> str:
+    """'extension' (built and linked for this GPU) or 'compile_only' (no GPU: compiled, not run)."""
+    return "extension" if device.cuda else "compile_only"
+
+
+def artifact_path(build_dir: Path, mode: str, module_name: str) -> str | None:
+    """The extension module a passing build leaves (a compile check leaves none)."""
+    return str(build_dir / f"{module_name}.so") if mode == "extension" else None
+
+
+def cached_files(mode: str, module_name: str) -> list[str]:
+    """The files of a build folder that later stages read, and so the build cache keeps: the
+    extension module (the subject loads it) and the object compiled from the submission's
+    translation unit (the reach audit reads its imports)."""
+    return ([f"{module_name}.so"] if mode == "extension" else []) + [STUDENT_OBJECT]
+
+
+# Environment variables the compilers or torch's extension builder read (the build's child
+# inherits the grader's environment): part of every cache key.
+BUILD_ENV = ("CC", "CXX", "CUDA_HOME", "CUDA_PATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
+             "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH",
+             "TORCH_CUDA_ARCH_LIST", "GRADER_CUDA_INCLUDE")
+# The grader's code that decides a build's command line and translation unit (load_inline's
+# call, the flags, the prelude, the compile check's light extension.h, the entry declaration).
+BUILD_CODE = ("build.py", "config.py")
+
+
+def build_inputs(sub: Submission, device: DeviceInfo) -> dict:
+    """Everything that decides the files a CUDA build leaves: the build cache's key.
+
+    The submission folder's every file (a build can read any of them, by an absolute #include),
+    its module name (compiled in: PyInit_<name>, TORCH_EXTENSION_NAME; two students with the
+    same file never share a build), the mode and architecture, the flags, the compilers' own
+    version reports, torch's, CUDA's and Python's versions, the environment the compilers read,
+    the grader's build code and the compile check's extra headers. Every cached build is
+    sandboxed, so it could read nothing else. Resource limits are not in it: they decide whether
+    a build finishes, not what a finished one leaves."""
+    from .runs import folder_digest   # runs -> results -> build: not importable at the top
+    mode = cuda_mode(device)
+    inputs = dict(
+        mode=mode, module=sub.module_name, source=folder_digest(sub.path, hex_chars=64),
+        arch=device.arch, cflags=list(EXTRA_CFLAGS),
+        cuda_cflags=[*EXTRA_CUDA_CFLAGS, *arch_flags(device.arch)],
+        torch=device.torch_version, cuda=device.cuda_version, python=device.python,
+        toolchain=toolchain(device.nvcc, os.environ.get("CXX", "c++"), os.environ.get("CC", "gcc")),
+        env={name: os.environ.get(name) for name in BUILD_ENV}, grader=build_code_digest())
+    if mode == "compile_only":
+        inputs["headers"] = headers_digest(tuple(cuda_include_dirs()))
+    return inputs
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain(nvcc: str | None, cxx: str, cc: str) -> dict:
+    """What each compiler a build runs says of itself (path and `--version`): nvcc; the C++
+    compiler torch compiles the binding and links with ($CXX, else c++); nvcc's host compiler
+    ($CC, which torch passes as -ccbin, else gcc and g++ from PATH)."""
+    return {name: _version_report(tool) for name, tool in
+            dict(nvcc=nvcc, cxx=cxx, cc=cc, gxx="g++").items()}
+
+
+def _version_report(tool: str | None) -> str:
+    path = shutil.which(tool) if tool else None
+    if path is None:
+        return f"{tool}: not found"
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60,
+                              errors="replace")
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{os.path.realpath(path)}: {e}"
+    return f"{os.path.realpath(path)}\n{proc.stdout.strip()}"
+
+
+@functools.lru_cache(maxsize=None)
+def build_code_digest() -> str:
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in BUILD_CODE:
+        h.update(name.encode() + b"\0" + (here / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def headers_digest(dirs: tuple[str, ...]) -> str:
+    """The compile check's extra headers (cuda_include_dirs): each file's path, size and time."""
+    h = hashlib.sha256()
+    for d in dirs:
+        for root, subdirs, files in os.walk(d):
+            subdirs.sort()
+            for name in sorted(files):
+                st = os.stat(os.path.join(root, name))
+                h.update(f"{os.path.relpath(os.path.join(root, name), d)}\0{st.st_size}\0"
+                         f"{st.st_mtime_ns}\0".encode())
+    return h.hexdigest()
+
+
+def _write_log(log_path: Path | None, text: str) -> None:
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(text)
 
 
 # Said to the student whenever the machine, not the submission, failed.
@@ -104,8 +259,13 @@ def machine_load() -> float:
 
 
 def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits: config.Limits,
-                log_path: Path | None, sandbox: Sandbox | None) -> BuildResult:
+                log_path: Path | None, sandbox: Sandbox | None) -> tuple[BuildResult, str]:
+    """One try; its result and its whole (capped) output."""
     build_dir = build_dir.resolve()   # the build runs in the submission's folder
+    if sub.kind is Kind.CUDA:
+        # From nothing: torch rewrites only sources that changed and ninja trusts file times, so
+        # an object left by an earlier build (or restored from the cache) could be linked again.
+        empty_folder(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     give_to_sandbox(build_dir)        # the sandboxed build writes here, as nobody
     if sub.kind is Kind.PYTHON:   # importing runs its code: that happens in a subject only
@@ -114,7 +274,7 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
         cmd = [sys.executable, str(subject), "--check-load",
                json.dumps(dict(kind="python", source=str(sub.source)))]
     else:   # build_submission made sure there is an nvcc
-        mode = "extension" if device.cuda else "compile_only"
+        mode = cuda_mode(device)
         timeout = limits.build_s
         cmd = [sys.executable, "-m", "grader.build", mode, str(sub.source), "--name",
                sub.module_name, "--build-dir", str(build_dir), "--arch", device.arch,
@@ -126,10 +286,8 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
                        memory_bytes=int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None,
                        file_bytes=int(limits.file_gb * (1 << 30)),
                        cpus=split_cpus(limits.gpu_stage_cpus).build)   # off the timed calls' CPUs
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(proc.output)
-    return _interpret(proc, mode, sub, build_dir, timeout)
+    _write_log(log_path, proc.output)
+    return _interpret(proc, mode, sub, build_dir, timeout), proc.output
 
 
 def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
@@ -149,8 +307,8 @@ def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
         return BuildResult(Status.BUILD_ERROR, mode, proc.elapsed_s,
                            message=f"{what} failed" + (f": {first.strip()}" if first else ""),
                            log_tail=log)
-    artifact = str(build_dir / f"{sub.module_name}.so") if mode == "extension" else None
-    return BuildResult(Status.PASS, mode, proc.elapsed_s, artifact=artifact,
+    return BuildResult(Status.PASS, mode, proc.elapsed_s,
+                       artifact=artifact_path(build_dir, mode, sub.module_name),
                        log_tail=relevant_log(proc.output, sub.source.name, errors_only=True))
 
 
@@ -228,6 +386,11 @@ def relevant_log(output: str, source_name: str = "submission.cu", *, errors_only
 PTXAS_VERBOSE_ENV = "GRADER_PTXAS_VERBOSE"
 
 
+# load_inline's flags besides the architecture's (build_extension); part of every cache key.
+EXTRA_CFLAGS = ("-O3",)
+EXTRA_CUDA_CFLAGS = ("-O3", "-lineinfo")
+
+
 def arch_flags(arch: str) -> list[str]:
     """The flags that decide the device code (one architecture, the GPU's own, or the course
     GPU's without one) and, with PTXAS_VERBOSE_ENV set, ptxas's report on it."""
@@ -249,8 +412,9 @@ def build_extension(source: Path, name: str, build_dir: Path, arch: str,
     build_dir.mkdir(parents=True, exist_ok=True)
     cpp_extension.load_inline(name=name, cpp_sources=[config.ENTRY_DECLARATION],
                               cuda_sources=[source.read_text()], functions=[config.ENTRY_POINT],
-                              build_directory=str(build_dir), verbose=True, extra_cflags=["-O3"],
-                              extra_cuda_cflags=["-O3", "-lineinfo", *arch_flags(arch),
+                              build_directory=str(build_dir), verbose=True,
+                              extra_cflags=list(EXTRA_CFLAGS),
+                              extra_cuda_cflags=[*EXTRA_CUDA_CFLAGS, *arch_flags(arch),
                                                  *extra_cuda_cflags])
     path = build_dir / f"{name}.so"
     print(f"built {path}")

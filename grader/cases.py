@@ -132,9 +132,14 @@ def load_all_cases(public: Path, hidden: Path | None) -> list[Case]:
     """Public and (if the file exists) hidden cases, smallest first, so cheap failures come early."""
     cases = load_cases(public)
     if hidden is not None and Path(hidden).exists():
-        public_ids = {c.id for c in cases}
-        cases += [c for c in load_cases(hidden, hidden=True) if c.id not in public_ids]
+        cases = with_cases(cases, load_cases(hidden, hidden=True))
     return sorted(cases, key=lambda c: (c.flops, c.id))
+
+
+def with_cases(cases: list[Case], more: list[Case]) -> list[Case]:
+    """`cases` and those of `more` whose shape none of them has, smallest first."""
+    have = {c.id for c in cases}
+    return sorted(cases + [c for c in more if c.id not in have], key=lambda c: (c.flops, c.id))
 
 
 def largest(cases: list[Case]) -> Case:

@@ -27,6 +27,8 @@ DEFAULT_RESULTS = REPO_ROOT / "results"
 DEFAULT_BUILD = REPO_ROOT / "build"
 PUBLIC_CASES = REPO_ROOT / "test_cases" / "test.txt"
 HIDDEN_CASES = REPO_ROOT / "test_cases" / "hidden.txt"
+# Small public cases that `check` adds for a Python submission on a machine without a GPU.
+CPU_CHECK_CASES = REPO_ROOT / "test_cases" / "cpu.txt"
 SOLUTION_DIR = REPO_ROOT / "solution"
 
 # CUDA submissions: the contract's entry point and the declaration the grader supplies,
@@ -101,6 +103,12 @@ PROVIDED_HEADERS = ("cublas_v2.h", "cublas.h", "cublasLt.h", "cusparse.h", "cuso
 # again; a second timeout under such load is the machine's (environment_error). A submission's
 # own build adds about 1 to the load: 2 per core means others are competing for the cores.
 OVERLOADED_PER_CORE = 2.0
+
+# Memory one build may use at its peak, for the default number of builds at once
+# (procs.default_build_jobs): a compile check of examples/tiled_cuda peaks at 1.6 GB resident
+# (nvcc's cicc, on the 2-core CPU machine, 2026-11-22; notes/throughput.md); a GPU build runs two
+# such compiles at once (ninja, MAX_JOBS=2) with the full torch/extension.h, then links.
+BUILD_PEAK_GB = 4.0
 
 # The GPU stages get CPUs of their own (Limits.gpu_stage_cpus) only where the grader may use at
 # least this many: with fewer, the builds would be left one or two, and timing shares the machine.

@@ -444,7 +444,14 @@ def hint_for(build: BuildResult | None, cases: list[CaseResult], source: str | N
     failed = [c for c in ran if c.status is not Status.PASS]
     if not failed:
         return ""
-    first = failed[0]
+    hint = _failure_hint(failed[0], ran, ref)
+    if source is not None and len(failed) == len(ran) and open_todos(source):
+        hint = f"{hint} {progress_hint(source)}"   # nothing passes yet: where the work stands
+    return hint
+
+
+def _failure_hint(first: CaseResult, ran: list[CaseResult], ref: dict) -> str:
+    """What the first failing case's kind of failure most often means, and the TODO to look at."""
     if first.status is Status.TIMEOUT:
         return (f"Case {first.case} ran past the time limit: check loop bounds (an infinite loop "
                 f"or a __syncthreads() that not every thread reaches), then speed.")

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import config, reach
 from .baselines import BASELINES
 from .build import NOT_YOURS, STUDENT_OBJECT, BuildResult, build_submission, machine_load
+from .build_cache import BuildCache
 from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo
@@ -52,6 +53,7 @@ class GradeContext:
     calibration: bool = False    # library calls allowed (timing calibration); never ranked
     precision: tuple[float, float] = (config.PRECISION_FACTOR, config.PRECISION_FLOOR)
     protocol: ProtocolCost = ProtocolCost()   # the protocol's own cost per timed call (calibrate_protocol)
+    build_cache: BuildCache | None = None     # CUDA builds reused when unchanged (grader/build_cache.py)
 
     @property
     def device_name(self) -> str:
@@ -111,9 +113,10 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
 
     Its wall time is the build's plus its own stages', not the time it waited for the GPU."""
     started = time.monotonic() - build.elapsed_s
+    clock = StageClock(build.elapsed_s)
     role = "calibration" if ctx.calibration and sub.role is Role.STUDENT else sub.role.value
     base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=role, build=build,
-                source_text=_read_source(sub))
+                source_text=_read_source(sub), stage_s=clock)
     if build.status is not Status.PASS:
         return _finish(base, build.status, build.message, cases=[], started=started)
 
@@ -127,16 +130,19 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
+        clock.start("run")
         runs, run_output = run_cases_under_load(sub, build, runnable, ctx, work)
         _save_log(ctx, sub.id, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
+            clock.start("check")
             checked = check_outputs(runnable, runs, out_dir=work, device=ctx.device_name,
                                     limits=ctx.limits, env=ctx.env, precision=ctx.precision)
         else:
             checked = [CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"],
                                   c.hidden, run_s=runs[c.id].get("elapsed_s"),
                                   launched=launched_of(runs[c.id])) for c in runnable]
+        clock.stop()
     if any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked):
         ensure_gpu_healthy(ctx)
 
@@ -152,9 +158,11 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     timing, timed_case = None, None
     if status is Status.PASS and ctx.device.cuda:
         ctx.progress.stage(sub.id, "time")
+        clock.start("time")
         timed = largest(list(ctx.cases))
         timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
                                 log_name=sub.id)
+        clock.stop()
         if isinstance(timed_run, tuple):
             status, message = timed_run
             return _finish(base, status, message, cases=cases, notes=notes, started=started)
@@ -260,10 +268,33 @@ def _finish(base: dict, status: Status, message: str, *, cases, started: float,
             notes=(), timing=None, timed_case=None) -> SubmissionResult:
     base = dict(base)
     source = base.pop("source_text", None)
+    base["stage_s"] = base["stage_s"].seconds() if "stage_s" in base else ()
     return SubmissionResult(**base, status=status, message=clean(message),
                             hint=hint_for(base["build"], cases, source), cases=tuple(cases),
                             timing=timing, timed_case=timed_case, notes=tuple(clean(n) for n in notes),
                             wall_s=round(time.monotonic() - started, 2), graded_at=now())
+
+
+class StageClock:
+    """The seconds one submission spent in each stage (the result's stage_s): the build's, then
+    each of run, check and time from its start to its stop."""
+
+    def __init__(self, build_s: float):
+        self._seconds = {"build": build_s}
+        self._stage, self._since = "", 0.0
+
+    def start(self, stage: str) -> None:
+        self.stop()
+        self._stage, self._since = stage, time.monotonic()
+
+    def stop(self) -> None:
+        if self._stage:
+            self._seconds[self._stage] = time.monotonic() - self._since
+            self._stage = ""
+
+    def seconds(self) -> tuple[tuple[str, float], ...]:
+        self.stop()
+        return tuple((stage, round(s, 3)) for stage, s in self._seconds.items())
 
 
 def _verdict(status: Status, cases: list[CaseResult], timing: TimingStats | None) -> str:
@@ -514,7 +545,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
                 return BuildResult(Status.FLAGGED, "none", 0.0, message=flagged)
         build_dir = ctx.build_dir / sub.build_namespace / sub.module_name
         built = build_submission(sub, build_dir=build_dir, device=ctx.device,
-                                 limits=ctx.limits, sandbox=ctx.sandbox,
+                                 limits=ctx.limits, sandbox=ctx.sandbox, cache=ctx.build_cache,
                                  log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
         return built if ctx.calibration else audit_build(sub, built, build_dir)
 

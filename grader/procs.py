@@ -127,6 +127,29 @@ def split_cpus(reserve: int, available: Iterable[int] | None = None) -> CpuSplit
     return CpuSplit(gpu=cpus[-reserve:], build=cpus[:-reserve])
 
 
+def default_build_jobs(split: CpuSplit, available_bytes: int | None = None) -> int:
+    """How many builds run at once unless told (--jobs): one per CPU the builds run on, so that
+    a course's builds, the longest stage, keep every core busy (a compile check is one nvcc
+    process at a time; a GPU build's ninja runs two compiles, MAX_JOBS, then links), and no more
+    than the machine's available memory holds at config.BUILD_PEAK_GB each."""
+    if available_bytes is None:
+        available_bytes = _available_memory()
+    by_memory = int(available_bytes // int(config.BUILD_PEAK_GB * (1 << 30)))
+    return max(1, min(len(split.build), by_memory))
+
+
+def _available_memory() -> int:
+    """MemAvailable (what can be used without swapping), else the physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _cpu_list(cpus: tuple[int, ...]) -> str:
     """'0-12' or '0,2,5-7', as taskset and /proc write CPU lists."""
     runs: list[list[int]] = []

@@ -50,6 +50,8 @@ class SubmissionResult:
     # limits, sandbox), as (part, digest) pairs: a rerun with the same key skips it.
     key: tuple[tuple[str, str], ...] = ()
     no_result: str = ""          # a placeholder for a roster entry with no usable result: why
+    # Seconds in each stage it went through, in order: build, run, check, time (throughput).
+    stage_s: tuple[tuple[str, float], ...] = ()
 
     @property
     def launched(self) -> tuple[str, tuple[tuple[str, int], ...]] | None:
@@ -68,7 +70,7 @@ class SubmissionResult:
                     cases=[c.to_dict() for c in self.cases], timed_case=self.timed_case,
                     timing=self.timing.to_dict() if self.timing else None,
                     notes=list(self.notes), wall_s=self.wall_s, graded_at=self.graded_at,
-                    key=dict(self.key))
+                    key=dict(self.key), stage_s=dict(self.stage_s))
 
     @classmethod
     def from_dict(cls, d: dict) -> "SubmissionResult":
@@ -85,7 +87,8 @@ class SubmissionResult:
                    timing=TimingStats.from_dict(d["timing"]) if d.get("timing") else None,
                    notes=tuple(d.get("notes", ())), wall_s=d.get("wall_s", 0.0),
                    graded_at=d.get("graded_at", ""),
-                   key=tuple(sorted((str(k), str(v)) for k, v in (d.get("key") or {}).items())))
+                   key=tuple(sorted((str(k), str(v)) for k, v in (d.get("key") or {}).items())),
+                   stage_s=tuple((str(k), float(v)) for k, v in (d.get("stage_s") or {}).items()))
 
 
 _BUILD_FIELDS = {f.name for f in dataclasses.fields(BuildResult)}

@@ -33,6 +33,7 @@ FILES = [
     ("pyproject.toml", "pyproject.toml"),
     ("scripts/bootstrap.sh", "scripts/bootstrap.sh"),
     ("test_cases/test.txt", "test_cases/test.txt"),
+    ("test_cases/cpu.txt", "test_cases/cpu.txt"),
     ("templates/leaderboard.html.j2", "templates/leaderboard.html.j2"),
     ("student/README.md", "student/README.md"),
     ("student/Makefile", "student/Makefile"),
@@ -69,6 +70,7 @@ DISCLOSED = dict(seq_len={1}, head_dim={64, 128})
 
 # Every path in the archive must match one of these.
 ALLOWED = ["README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "test_cases/test.txt",
+           "test_cases/cpu.txt",
            "templates/*.j2", "student/README.md", "student/Makefile", "student/submission.cu",
            "student/triton/submission.py", "grader/*.py", "grader/checks/*.py",
            "grader/skeleton/submission.cu", "grader/skeleton/submission.py"]

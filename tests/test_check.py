@@ -4,13 +4,17 @@ instructor-only text."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from grader import config
+from grader.cases import load_cases
 from grader.__main__ import check_usage, main
 
 from .conftest import has_nvcc
@@ -160,3 +164,31 @@ def test_a_file_the_real_build_accepts_is_never_called_broken(tmp_path):
     assert r.status is Status.PASS, r.log_tail
     assert "compiling again with the full torch/extension.h" in log.read_text()
     assert (tmp_path / "b" / STUDENT_OBJECT).is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="this machine has no Triton wheel (the kit's set-up says so too)")
+def test_without_a_gpu_a_triton_submission_runs_on_the_small_public_cases(tmp_path):
+    """The public cases are too large for Triton's interpreter: check runs test_cases/cpu.txt
+    too, and an honest kernel passes every one of them. They are check's alone: grading on a
+    CPU keeps the course's cases."""
+    common = ["--no-hidden", "--cpu", "--build-dir", str(tmp_path / "build")]
+    env = dict(os.environ, GRADER_SANDBOX="off")
+    example = config.REPO_ROOT / "examples" / "triton_flash"
+    proc = subprocess.run([sys.executable, "-m", "grader", "check", str(example), "--out",
+                           str(tmp_path / "out"), *common], capture_output=True, text=True,
+                          cwd=config.REPO_ROOT, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    small = load_cases(config.CPU_CHECK_CASES)
+    assert len(small) == 4 and all(c.flops <= config.CPU_MAX_FLOPS for c in small)
+    for case in small:
+        assert re.search(rf"PASS\s+{case.id}\b", proc.stdout), proc.stdout[-3000:]
+    assert "ran on the CPU: 4 of 7 cases (no CUDA device)" in proc.stdout
+    run = json.loads((tmp_path / "out" / "_run.json").read_text())
+    assert {c["id"] for c in run["cases"]} >= {c.id for c in small}
+    graded = subprocess.run([sys.executable, "-m", "grader", "grade", str(example.parent),
+                             "--only", "triton_flash", "--out", str(tmp_path / "graded"),
+                             "--no-solution", "--no-baselines", *common],
+                            capture_output=True, text=True, cwd=config.REPO_ROOT, env=env, timeout=900)
+    run = json.loads((tmp_path / "graded" / "_run.json").read_text())
+    assert not {c["id"] for c in run["cases"]} & {c.id for c in small}, graded.stderr[-2000:]

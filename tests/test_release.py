@@ -22,6 +22,7 @@ spec.loader.exec_module(release)
 
 EXPECTED = {
     "README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "test_cases/test.txt",
+    "test_cases/cpu.txt",
     "templates/leaderboard.html.j2", "student/README.md", "student/Makefile",
     "student/submission.cu", "student/triton/submission.py",
     "grader/skeleton/submission.cu", "grader/skeleton/submission.py",
@@ -171,14 +172,17 @@ def test_make_check_from_the_unpacked_release(unpacked):
                     reason="this machine has no Triton wheel (the kit's set-up says so too)")
 def test_make_check_of_the_triton_track_from_the_unpacked_release(unpacked):
     """A fresh kit's two commands work for the Triton track on a machine without a GPU: the
-    set-up provides Triton's interpreter and numpy, and the check names the first open TODO."""
+    set-up provides Triton's interpreter and numpy, the skeleton runs on the kit's small CPU cases
+    (the public ones are too large), and the check names the first open TODO."""
     proc = subprocess.run(["make", "check", "SUBMISSION=student/triton"], cwd=unpacked,
                           env=kit_env(), capture_output=True, text=True, timeout=900)
     text = proc.stdout + proc.stderr
-    assert proc.returncode == 0, text[-4000:]
-    assert "triton: NOT_RUN" in proc.stdout, proc.stdout[-3000:]
-    assert ("No case here is small enough for the CPU, so nothing was checked. The first TODO still "
-            "on the skeleton's code is TODO(1.1): load the K tile") in proc.stdout
+    assert proc.returncode != 0 and "Traceback" not in text, text[-4000:]   # the skeleton is wrong
+    assert "triton: MISMATCH" in proc.stdout, proc.stdout[-3000:]
+    assert "ran on the CPU: 4 of 7 cases (no CUDA device)" in proc.stdout
+    assert ("O is all zeros: nothing was written to it. Start with TODO(1.1) (the scores) and "
+            "TODO(1.4) (writing the output). The first TODO still on the skeleton's code is "
+            "TODO(1.1): load the K tile") in proc.stdout
     assert "No module named" not in text and not [w for w in INSTRUCTOR_ONLY if w in text]
     # a file instead of its folder: a usage error that names the fix, not a verdict
     proc = subprocess.run(["make", "check", "SUBMISSION=student/triton/submission.py"],

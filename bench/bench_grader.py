@@ -1,0 +1,405 @@
+"""The grader's throughput on a synthetic course, graded by the real grader (issue 13).
+
+    python bench/bench_grader.py                          # 100 honest copies + failing ones, GPU
+    python bench/bench_grader.py --copies 20 --budget 5 --gpus 0 0,1   # one run per GPU set
+    python bench/bench_grader.py --warm                   # reuse the last run's build cache
+    python bench/bench_grader.py --cpu --copies 3         # without a GPU (a smoke test)
+
+The course: `--copies` copies of honest kernels (by default examples/triton_flash and the
+reference solution, taken in turn), each with an id of its own and a comment naming its copy
+appended to its source, so that no result is skipped and no build is reused; and a few failing
+submissions (a build error, a wrong answer, a crash). It is graded with `python -m grader grade`
+into a fresh results folder, with a cold build cache unless --warm (then the build folder of the
+previous bench run is kept, and the results say how many builds were reused).
+
+From the result files (never the console) it reports: submissions per minute; the per-submission
+overhead, the GPU-serial wall time of a submission (its wall time less its build, timing loop
+included) less the time its own calls took (each case's first call, and the timed and warm-up
+calls); the time spent in each stage (build, run, check, time); and, with several --gpus sets,
+the throughput of each against the first. It writes bench/grader_bench.json (--out), with the
+device, the date and every figure. --stop-after stops the grader as Ctrl-C does after that many
+seconds, and the figures cover what it finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from grader import config  # noqa: E402
+from grader.procs import default_build_jobs, split_cpus  # noqa: E402
+from grader.results import RunFileError, SubmissionResult, read_results, read_run  # noqa: E402
+from grader.submission import CUDA_FILE, PYTHON_FILE  # noqa: E402
+
+WORK = ROOT / "build" / "bench-grader"
+HONEST = (ROOT / "examples" / "triton_flash", ROOT / "solution")
+FAILING_GPU = tuple(ROOT / "examples" / n for n in ("build_error", "wrong_no_rescale", "crash_oob"))
+# Without a GPU a CUDA submission is only compile-checked (a wrong answer or a crash never shows),
+# so the failing ones are Python: (source, the verdict it must get).
+FAILING_PY = {
+    "py_build_error": ("def custom_kernel(data)\n    return data[0]\n", "build_error"),
+    "py_wrong_answer": ("import torch\n\ndef custom_kernel(data):\n"
+                        "    return torch.zeros_like(data[0])\n", "mismatch"),
+    "py_crash": ("def custom_kernel(data):\n    raise RuntimeError('my kernel crashed')\n",
+                 "runtime_error"),
+}
+STAGES = ("build", "run", "check", "time")
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """One submission of the synthetic course."""
+    id: str
+    template: str       # the folder it was copied from, or the generated failure's name
+    honest: bool
+    expected: str | None   # the status it must get; None: not known (a --failing folder)
+
+
+# ---------------------------------------------------------------- the course
+
+
+def make_course(course: Path, *, honest: list[Path], failing: list[Path] | None, copies: int,
+                gpu: bool) -> list[Planned]:
+    """Write the synthetic course into `course`: honest copies taken in turn from `honest`, then
+    the failing ones (`failing` folders, or FAILING_PY without a GPU when None)."""
+    shutil.rmtree(course, ignore_errors=True)
+    course.mkdir(parents=True)
+    planned = []
+    for i in range(copies):
+        template = honest[i % len(honest)]
+        sid = f"{template.name}_{i:03d}"
+        _copy(template, course / sid, note=f"bench_grader copy {i}")
+        planned.append(Planned(sid, template.name, True, _honest_verdict(template, gpu)))
+    if failing is None and not gpu:
+        for name, (source, verdict) in FAILING_PY.items():
+            (course / name).mkdir()
+            (course / name / PYTHON_FILE).write_text(source)
+            planned.append(Planned(name, name, False, verdict))
+        return planned
+    expected = _example_verdicts()
+    for template in (FAILING_GPU if failing is None else failing):
+        sid = f"fail_{template.name}"
+        _copy(template, course / sid, note="bench_grader failing submission")
+        planned.append(Planned(sid, template.name, False,
+                               expected.get(template.name, {}).get("gpu" if gpu else "cpu")))
+    return planned
+
+
+def _copy(template: Path, dest: Path, *, note: str) -> None:
+    """The template's folder, its source with a comment appended: a source of its own."""
+    if not template.is_dir():
+        raise SystemExit(f"error: {template} is not a submission folder")
+    shutil.copytree(template, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    source = dest / CUDA_FILE if (dest / CUDA_FILE).is_file() else dest / PYTHON_FILE
+    if not source.is_file():
+        raise SystemExit(f"error: {template} holds neither {CUDA_FILE} nor {PYTHON_FILE}")
+    mark = "//" if source.name == CUDA_FILE else "#"
+    with source.open("a") as f:
+        f.write(f"\n{mark} {note}\n")
+
+
+def _honest_verdict(template: Path, gpu: bool) -> str:
+    if gpu:
+        return "pass"
+    return "not_run" if (template / CUDA_FILE).is_file() else "pass"   # compiled, not run
+
+
+def _example_verdicts() -> dict:
+    data = json.loads((ROOT / "examples" / "expected.json").read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+# ---------------------------------------------------------------- one grading run
+
+
+@dataclasses.dataclass(frozen=True)
+class GradeRun:
+    label: str
+    gpus: str | None
+    out: Path
+    wall_s: float          # the whole `grade` command: device probe to the last page
+    returncode: int
+    stopped: bool          # by --stop-after
+    log: Path
+
+
+def grader_has_option(option: str) -> bool:
+    """Whether this grader's `grade` takes `option` (--gpus comes with issue 13's GPU workers)."""
+    proc = subprocess.run([sys.executable, "-m", "grader", "grade", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    return option in proc.stdout
+
+
+def grade_course(course: Path, *, work: Path, label: str, gpus: str | None, cpu: bool,
+                 budget: float | None, jobs: int | None, warm: bool, baselines: bool,
+                 stop_after: float | None, extra: list[str]) -> GradeRun:
+    """`python -m grader grade` on the course into a fresh results folder; the build folder is
+    emptied first (a cold build cache) unless `warm`."""
+    out, build = work / f"results-{label}", work / "build"
+    shutil.rmtree(out, ignore_errors=True)
+    if not warm:
+        shutil.rmtree(build, ignore_errors=True)
+    cmd = [sys.executable, "-m", "grader", "grade", str(course), "--out", str(out),
+           "--build-dir", str(build)]
+    cmd += ["--cpu"] if cpu else []
+    cmd += ["--gpus", gpus] if gpus else []
+    cmd += ["--jobs", str(jobs)] if jobs else []
+    cmd += [] if baselines else ["--no-baselines", "--no-solution"]
+    cmd += extra
+    env = dict(os.environ)
+    if budget is not None:
+        env["GRADER_TIME_BUDGET_S"] = str(budget)
+    log = work / f"grade-{label}.log"
+    print(f"[{label}] {' '.join(cmd[1:])}  (log: {log})", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        stopped = False
+        try:
+            proc.wait(timeout=stop_after)
+        except subprocess.TimeoutExpired:   # as Ctrl-C: finished results stay, the page renders
+            stopped = True
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    wall = time.monotonic() - started
+    if proc.returncode not in (0, 130) or not (out / "_run.json").exists():
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"error: the grader exited with {proc.returncode}; its output ends:\n{tail}")
+    return GradeRun(label, gpus, out, round(wall, 2), proc.returncode, stopped, log)
+
+
+# ---------------------------------------------------------------- figures
+
+
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """One submission's times (seconds), from its result file."""
+    build_s: float
+    gpu_serial_s: float     # its wall time less its build: what it held the GPU stages for
+    kernel_s: float         # its own calls: each case's first call, the timed and warm-up calls
+    stages: dict            # stage -> seconds (the result's stage_s)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.gpu_serial_s - self.kernel_s
+
+
+def figures_of(result: SubmissionResult) -> Figures:
+    stages = dict(result.stage_s)
+    build = result.build.elapsed_s if result.build else 0.0
+    stages.setdefault("build", build)
+    kernel = sum(c.run_s or 0.0 for c in result.cases)
+    if result.timing is not None:
+        t = result.timing
+        kernel += (t.n + t.warmup_calls) * t.mean_ms / 1000
+    return Figures(build_s=build, gpu_serial_s=max(result.wall_s - build, 0.0), kernel_s=kernel,
+                   stages=stages)
+
+
+def spread(values: list[float]) -> dict:
+    """n, median, mean, p90, max, sum of `values` (seconds), rounded; {} when empty."""
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    return dict(n=len(values), median=round(statistics.median(ordered), 3),
+                mean=round(statistics.fmean(ordered), 3),
+                p90=round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3),
+                max=round(ordered[-1], 3), sum=round(sum(ordered), 2))
+
+
+def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
+    """The figures of one grading run, from its run file and result files."""
+    try:
+        meta = read_run(run.out, complete=False)
+    except RunFileError as e:
+        raise SystemExit(f"error: {e}")
+    results = read_results(run.out, meta)
+    plan = {p.id: p for p in planned}
+    students = [r for r in results if r.role == "student" and not r.no_result and r.id in plan]
+    figures = {r.id: figures_of(r) for r in students}
+    ran = [r for r in students if r.build is not None and r.build.status.value == "pass"]
+    honest = [r for r in ran if plan[r.id].honest]
+    unexpected = [dict(id=r.id, expected=plan[r.id].expected, got=r.status.value,
+                       message=r.message.splitlines()[0] if r.message else "")
+                  for r in students if plan[r.id].expected not in (None, r.status.value)]
+    stages = {}
+    for stage in STAGES:
+        values = [f.stages[stage] for f in figures.values() if stage in f.stages]
+        stages[stage] = spread(values)
+    # every row's GPU-serial time, baselines and the solution row included
+    gpu_serial = sum(figures_of(r).gpu_serial_s for r in results if not r.no_result)
+    graded = len(students)
+    return dict(
+        label=run.label, gpus=run.gpus, build_cache="warm" if warm else "cold",
+        wall_s=run.wall_s, grading_s=meta.get("wall_s"), stopped=run.stopped,
+        planned=len(planned), graded=graded, missing=len(planned) - graded,
+        submissions_per_min=round(graded / run.wall_s * 60, 2) if run.wall_s else None,
+        statuses=dict(collections.Counter(r.status.value for r in students).most_common()),
+        unexpected=unexpected,
+        builds_reused=sum(1 for r in students if r.build is not None and r.build.reused),
+        overhead_s=spread([figures[r.id].overhead_s for r in ran]),
+        overhead_honest_s=spread([figures[r.id].overhead_s for r in honest]),
+        gpu_serial_s=spread([figures[r.id].gpu_serial_s for r in ran]),
+        kernel_s=spread([figures[r.id].kernel_s for r in ran]),
+        stages_s=stages,
+        gpu_serial_share=round(gpu_serial / run.wall_s, 3) if run.wall_s else None,
+        device=meta.get("device", {}), log=str(run.log), results=str(run.out))
+
+
+def scaling(runs: list[dict]) -> list[dict]:
+    """Each run's throughput against the first's, with the GPUs it had."""
+    if len(runs) < 2 or not runs[0]["submissions_per_min"]:
+        return []
+    base = runs[0]["submissions_per_min"]
+    return [dict(gpus=r["gpus"], gpu_count=len(r["gpus"].split(",")) if r["gpus"] else None,
+                 submissions_per_min=r["submissions_per_min"],
+                 speedup=round(r["submissions_per_min"] / base, 3)) for r in runs]
+
+
+# ---------------------------------------------------------------- report
+
+
+def format_report(report: dict) -> str:
+    lines = [f"grader throughput: {report['course']['describe']}",
+             f"device: {report['device']}  ({report['date']}, {report['host']['cpus']} CPUs, "
+             f"build jobs {report['options']['jobs']})", ""]
+    head = (f"{'run':10} {'cache':5} {'graded':>7} {'wall s':>8} {'subs/min':>9}  "
+            f"{'overhead s: median':>18} {'p90':>7} {'max':>7}   "
+            + "  ".join(f"{s + ' s':>11}" for s in STAGES))
+    lines += [head, "-" * len(head)]
+    for r in report["runs"]:
+        o = r["overhead_s"]
+        stage_cells = "  ".join(
+            f"{r['stages_s'][s].get('sum', 0):11.1f}" if r["stages_s"][s]["n"] else f"{'-':>11}"
+            for s in STAGES)
+        lines.append(f"{r['label']:10} {r['build_cache']:5} {r['graded']:>4}/{r['planned']:<3}"
+                     f"{r['wall_s']:8.1f} {r['submissions_per_min'] or 0:9.2f}  "
+                     f"{o.get('median', float('nan')):18.2f} {o.get('p90', float('nan')):7.2f} "
+                     f"{o.get('max', float('nan')):7.2f}   {stage_cells}")
+    lines.append("")
+    lines.append("overhead: a submission's GPU-serial wall time (its wall time less its build, "
+                 "timing loop included) less its own calls; stage columns: seconds summed over "
+                 "the course (builds run in parallel)")
+    for r in report["runs"]:
+        honest = r["overhead_honest_s"]
+        lines.append(f"{r['label']}: statuses {r['statuses']}; builds reused {r['builds_reused']}; "
+                     f"honest overhead median {honest.get('median', float('nan')):.2f} s; "
+                     f"GPU stages busy {100 * (r['gpu_serial_share'] or 0):.0f}% of the wall time"
+                     + ("; STOPPED by --stop-after" if r["stopped"] else ""))
+        for u in r["unexpected"]:
+            lines.append(f"  UNEXPECTED {u['id']}: {u['got']} (expected {u['expected']}): {u['message']}")
+    for s in report["scaling"]:
+        lines.append(f"scaling: GPUs {s['gpus']}: {s['submissions_per_min']:.2f} submissions/min, "
+                     f"{s['speedup']:.2f}x the first run")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench/bench_grader.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--copies", type=int, default=100, help="honest copies (default 100)")
+    p.add_argument("--budget", type=float, help="timing budget per submission, seconds "
+                   "(GRADER_TIME_BUDGET_S; default: the grader's)")
+    p.add_argument("--out", type=Path, help="the figures' JSON (default bench/grader_bench.json; "
+                   "with --cpu bench/grader_bench_cpu.json)")
+    p.add_argument("--cpu", action="store_true", help="grade as if there were no GPU (smoke test)")
+    p.add_argument("--warm", action="store_true",
+                   help="keep the build folder of the previous bench run (its build cache)")
+    p.add_argument("--gpus", nargs="+", metavar="SET",
+                   help="one grading run per GPU set, passed to the grader's --gpus "
+                        "(e.g. --gpus 0 0,1); the report compares their throughput")
+    p.add_argument("--jobs", type=int, help="builds at once (the grader's --jobs; default: its own)")
+    p.add_argument("--honest", type=Path, action="append",
+                   help="an honest submission folder to copy (repeatable; default: "
+                        "examples/triton_flash and solution)")
+    p.add_argument("--failing", type=Path, action="append",
+                   help="a failing submission folder (repeatable; default: examples/build_error, "
+                        "wrong_no_rescale, crash_oob; with --cpu, three Python ones); "
+                        "--failing none for none")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="grade without the PyTorch baselines and the solution row")
+    p.add_argument("--stop-after", type=float, metavar="S",
+                   help="stop the grader as Ctrl-C does after S seconds; report what it finished")
+    p.add_argument("--work", type=Path, default=WORK, help=f"scratch folder (default {WORK})")
+    p.add_argument("grader_args", nargs="*", metavar="-- GRADER_ARG",
+                   help="more arguments for `python -m grader grade` (after --)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.copies < 0:
+        raise SystemExit("error: --copies must be 0 or more")
+    if args.gpus and not grader_has_option("--gpus"):
+        raise SystemExit("error: this grader's `grade` has no --gpus option yet (issue 13's GPU "
+                         "workers add it); run without --gpus for one run on the default GPU")
+    failing = None if args.failing is None else [f for f in args.failing if str(f) != "none"]
+    honest = [h.resolve() for h in (args.honest or HONEST)]
+    work = args.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    course = work / "course"
+    planned = make_course(course, honest=honest, failing=failing, copies=args.copies,
+                          gpu=not args.cpu)
+    if not planned:
+        raise SystemExit("error: the course is empty (--copies 0 and no failing submission)")
+    jobs = args.jobs or default_build_jobs(split_cpus(config.Limits.from_env().gpu_stage_cpus))
+    runs = []
+    for gpus in args.gpus or [None]:
+        label = f"gpus-{gpus.replace(',', '_')}" if gpus else ("cpu" if args.cpu else "default")
+        run = grade_course(course, work=work, label=label, gpus=gpus, cpu=args.cpu,
+                           budget=args.budget, jobs=args.jobs, warm=args.warm,
+                           baselines=not args.no_baselines, stop_after=args.stop_after,
+                           extra=args.grader_args)
+        runs.append(summarize(run, planned, warm=args.warm))
+    device = runs[0]["device"]
+    counts = collections.Counter(p.template for p in planned if p.honest)
+    report = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        device=device.get("name", "unknown"), driver=device.get("driver"),
+        torch=device.get("torch_version"), cuda=device.get("cuda_version"),
+        host=dict(cpus=len(os.sched_getaffinity(0)), load_1min=round(os.getloadavg()[0], 2)),
+        command=" ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        options=dict(copies=args.copies, budget_s=args.budget, jobs=jobs,
+                     jobs_from="--jobs" if args.jobs else "the grader's default",
+                     warm=args.warm, cpu=args.cpu, baselines=not args.no_baselines,
+                     stop_after_s=args.stop_after, grader_args=args.grader_args),
+        course=dict(honest=dict(counts), failing=[p.id for p in planned if not p.honest],
+                    describe=(f"{len(planned)} submissions: {args.copies} honest copies ("
+                              + ", ".join(f"{n} {t}" for t, n in counts.items())
+                              + f"), {sum(not p.honest for p in planned)} failing")),
+        overhead_definition=(
+            "overhead_s = wall_s - build_s - kernel_s per submission whose build passed: its "
+            "GPU-serial wall time (timing loop included) less its own calls (each case's first "
+            "call, run_s, and (n + warm-up) x mean_ms of the timed calls)"),
+        runs=runs, scaling=scaling(runs))
+    out = args.out or ROOT / "bench" / ("grader_bench_cpu.json" if args.cpu else "grader_bench.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_report(report))
+    print(f"\nwritten: {out}")
+    return 1 if any(r["unexpected"] for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
