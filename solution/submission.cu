@@ -22,6 +22,15 @@
 //             accumulator's layout is the A operand's) and V read MN-major. Two CTAs per SM
 //             (127 registers, no spills). ~450 TFLOP/s on the timed case on an H200: 1.3x SDPA
 //             FLASH (notes/solution.md).
+//   kernel 6: FlashAttention-3's schedule around kernel 5's math (sm_90a; only with
+//             -DATTENTION_VERSION=6, not yet the default). A producer warpgroup issues TMA tile
+//             loads (one thread, 3-D tensor maps, mbarrier full/empty pipelines, 2 stages); two
+//             consumer warpgroups own 64 of 128 query rows each, with setmaxnreg 24/240; Bc = 176
+//             keys per tile; in each consumer the softmax of tile j runs while the tensor cores do
+//             P_{j-1} V_{j-1} (S_j = Q K_jᵀ issued with it); named barriers ping-pong the two
+//             consumers' GEMMs; a persistent grid of one CTA per SM walks (q-tile, head, batch).
+//             D = 64 runs it too (-DATTN6_D64=0 sends D = 64 to kernel 5). Compiled clean (168
+//             registers at entry, no spills) but NOT YET RUN ON A GPU: bench/kernel6_check.py.
 #include <torch/extension.h>
 #include <cuda_fp16.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -620,6 +629,428 @@ bool uses_wgmma() {
 }
 
 
+
+// ---------------------------------------------------------------- kernel 6: FlashAttention-3 (sm_90a)
+//
+// Kernel 5's math (the same 128-byte-swizzle tiles, wgmma descriptors and register layouts), with
+// FlashAttention-3's schedule around it. Built only with -DATTENTION_VERSION=6.
+//   - Warp specialisation: warpgroup 0 is the producer (one thread issues every load, as TMA bulk
+//     tensor copies completing on mbarriers), warpgroups 1 and 2 are consumers, each owning 64 of
+//     the CTA's Br = 128 query rows. setmaxnreg moves registers from the producer (24) to the
+//     consumers (240), which hold the scores of a Bc = 176 key tile, P and O at once.
+//   - K and V each have STAGES shared-memory buffers with a full barrier (the TMA's transaction
+//     count) and an empty barrier (one arrival per consumer warp once its wgmma has read it).
+//   - Intra-warpgroup overlap: the loop issues S_j = Q K_jᵀ and O += P_{j-1} V_{j-1} back to back,
+//     waits for S_j only, and runs the softmax of tile j while the tensor cores do P_{j-1} V_{j-1};
+//     O is rescaled after that wgmma has retired. So the producer loads K_j before V_{j-1}.
+//   - Ping-pong: named barriers 1 and 2 pass a token between the two consumer warpgroups, so one
+//     issues its two GEMMs while the other runs its softmax (FA3 §3.1).
+//   - Persistent: one CTA per SM walks the (q-tile, head, batch) tiles with stride gridDim.x, q-tile
+//     fastest (CTAs running at once share K/V in L2); the next tile's Q and K/V loads overlap the
+//     current tile's last GEMMs and its epilogue (O is written from registers).
+//   - Tails: TMA fills rows past S with zeros (a 3-D tensor map (D, S, B·H), so a tile never reads
+//     the next head); scores of keys >= S are set to -inf; rows >= S are not stored.
+#if ATTENTION_VERSION == 6
+#include <cuda.h>   // CUtensorMap, cuTensorMapEncodeTiled's types
+
+#ifndef ATTN6_BC
+#define ATTN6_BC 176          // keys per tile: 64, 128 or 176 (wgmma_ss has those N); FA3 uses 176 at head_dim 128
+#endif
+#ifndef ATTN6_STAGES
+#define ATTN6_STAGES 2
+#endif
+#ifndef ATTN6_D64
+#define ATTN6_D64 1           // 0: head_dim 64 runs kernel 5
+#endif
+#ifndef ATTN6_WATCHDOG
+#define ATTN6_WATCHDOG 1      // a barrier wait longer than ~4 s traps (a wrong parity must not hang); 2: and prints
+#endif
+
+#define WG_F88(d) WG_F64(d), WG_F8(d, 64), WG_F8(d, 72), WG_F8(d, 80)
+#define WG_R88 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
+    "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
+
+// d (+)= A·B, m64n176k16, both from shared memory (Bc = 176).
+__device__ __forceinline__ void wgmma_ss(float (&d)[88], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(WG_SET_P(90) "wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 " WG_R88
+                 ", %88, %89, p, 1, 1, 0, 0;\n}\n" : WG_F88(d) : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// mbarriers (shared::cta addresses). A phase completes when its arrivals (and, with expect_tx, its
+// transaction bytes) are all in; try_wait.parity(P) succeeds once the phase of parity P completed,
+// so on a fresh barrier waiting for parity 1 returns at once ("the previous phase is done").
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    if (mbar_try_wait(bar, parity)) return;
+#if ATTN6_WATCHDOG
+    const long long t0 = clock64();
+    while (!mbar_try_wait(bar, parity)) {
+        if (clock64() - t0 > (1ll << 33)) {
+#if ATTN6_WATCHDOG > 1
+            printf("attention_kernel6: block %d thread %d stuck on the mbarrier at smem 0x%x, parity %u\n",
+                   blockIdx.x, threadIdx.x, bar, parity);
+#endif
+            __trap();
+        }
+    }
+#else
+    while (!mbar_try_wait(bar, parity)) {}
+#endif
+}
+
+// One box of a 3-D tensor map (x = column, y = row, z = batch·head) into shared memory; completes
+// on `bar` as transaction bytes. Out-of-bounds elements arrive as zeros and count as bytes too.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const CUtensorMap* map, unsigned bar, int x, int y, int z) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :: "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
+
+// Named barriers (0 is __syncthreads): `threads` counts every thread that syncs or arrives.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
+}
+
+// Online softmax of one score tile (kernel 5's, base 2), in place: s becomes P (fp32), m_i and l_i
+// are updated, alpha is what O must be multiplied by. Keys >= S get no weight.
+template <int Bc>
+__device__ __forceinline__ void online_softmax(float (&s)[Bc / 2], float (&m_i)[2], float (&l_i)[2],
+                                               float (&alpha)[2], int key0, int S, float scale_log2, int lane) {
+    constexpr int NS = Bc / 8;
+    if (key0 + Bc > S) {
+#pragma unroll
+        for (int t = 0; t < NS; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (key0 + t * 8 + 2 * (lane % 4) + (e & 1) >= S) s[4 * t + e] = -INFINITY;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < NS; ++t) mx = fmaxf(mx, fmaxf(s[4 * t + 2 * r], s[4 * t + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_new = fmaxf(m_i[r], mx * scale_log2);   // finite: every tile has a key < S
+        alpha[r] = fast_exp2(m_i[r] - m_new);                   // 0 on the first tile (m_i = -inf)
+        m_i[r] = m_new;
+        float row_sum = 0.f;
+#pragma unroll
+        for (int t = 0; t < NS; ++t) {
+            s[4 * t + 2 * r] = fast_exp2(fmaf(s[4 * t + 2 * r], scale_log2, -m_new));
+            s[4 * t + 2 * r + 1] = fast_exp2(fmaf(s[4 * t + 2 * r + 1], scale_log2, -m_new));
+            row_sum += s[4 * t + 2 * r] + s[4 * t + 2 * r + 1];
+        }
+        l_i[r] = l_i[r] * alpha[r] + row_sum;
+    }
+}
+
+// P (fp32 accumulator layout) -> the A fragments of Bc / 16 wgmma k16 steps (fp16).
+template <int Bc>
+__device__ __forceinline__ void pack_p(unsigned (&p)[Bc / 16][4], const float (&s)[Bc / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < Bc / 16; ++kk) {
+        p[kk][0] = pack_half2(s[8 * kk + 0], s[8 * kk + 1]);
+        p[kk][1] = pack_half2(s[8 * kk + 2], s[8 * kk + 3]);
+        p[kk][2] = pack_half2(s[8 * kk + 4], s[8 * kk + 5]);
+        p[kk][3] = pack_half2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+constexpr int K6_BR = 128;               // query rows per tile: two consumer warpgroups x 64
+constexpr int K6_THREADS = 3 * 128;      // producer warpgroup + two consumer warpgroups
+constexpr int K6_PRODUCER_REGS = 24, K6_CONSUMER_REGS = 240;   // 128 x 24 + 256 x 240 <= 64K
+constexpr int K6_BAR_PINGPONG = 1;       // named barriers 1, 2: consumer 0's and consumer 1's turn
+
+// Shared memory: Q (Br x D), K and V (STAGES x Bc x D each) in the 128-byte-swizzle panels kernel 5
+// uses (TMA's SWIZZLE_128B writes exactly that layout: one 64-column box per panel), then the
+// mbarriers: q_full, q_empty, k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES].
+template <int D, int Bc, int STAGES>
+struct Kernel6Smem {
+    static constexpr int Q_BYTES = K6_BR * D * 2, KV_BYTES = Bc * D * 2;
+    static constexpr int K_OFF = Q_BYTES, V_OFF = K_OFF + STAGES * KV_BYTES, BAR_OFF = V_OFF + STAGES * KV_BYTES;
+    static constexpr int BYTES = BAR_OFF + (2 + 4 * STAGES) * 8 + 1024;   // + alignment slack
+    static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "panels start on 1024-byte boundaries");
+};
+
+// Grid: min(#SMs, #tiles) persistent CTAs of 384 threads; tile t is q-tile t % n_m of head t / n_m.
+template <int D, int Bc, int STAGES>
+__global__ void __launch_bounds__(K6_THREADS, 1)
+attention_kernel6(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                  const __grid_constant__ CUtensorMap tm_v, half* __restrict__ O, int S, int n_m,
+                  int n_tiles, float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = Kernel6Smem<D, Bc, STAGES>;
+    constexpr int Br = K6_BR, ND = D / 8, PANELS = D / 64;
+    static_assert(D % 64 == 0 && Bc % 16 == 0 && Bc <= 256, "tile shapes");
+    extern __shared__ char smem6_raw[];
+    const unsigned smem = (smem_u32(smem6_raw) + 1023) & ~1023u;
+    const unsigned q_s = smem, k_s = smem + L::K_OFF, v_s = smem + L::V_OFF, bars = smem + L::BAR_OFF;
+    const unsigned q_full = bars, q_empty = bars + 8;
+    auto k_full = [&](int st) { return bars + 16 + 8 * st; };
+    auto k_empty = [&](int st) { return bars + 16 + 8 * (STAGES + st); };
+    auto v_full = [&](int st) { return bars + 16 + 8 * (2 * STAGES + st); };
+    auto v_empty = [&](int st) { return bars + 16 + 8 * (3 * STAGES + st); };
+    constexpr unsigned CONSUMER_WARPS = 8;   // each releases a buffer once its own wgmma wait returned
+
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+    const int n_kv = (S + Bc - 1) / Bc;
+    if (tid == 0) {
+        mbar_init(q_full, 1);
+        mbar_init(q_empty, CONSUMER_WARPS);
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(k_full(st), 1);
+            mbar_init(k_empty(st), CONSUMER_WARPS);
+            mbar_init(v_full(st), 1);
+            mbar_init(v_empty(st), CONSUMER_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        prefetch_tensor_map(&tm_q);
+        prefetch_tensor_map(&tm_k);
+        prefetch_tensor_map(&tm_v);
+    }
+    __syncthreads();   // the last CTA-wide barrier: warps of the producer warpgroup exit below
+
+    if (wg == 0) {
+        // ------------------------------------------------------------ producer
+        setmaxnreg_dec<K6_PRODUCER_REGS>();
+        if (warp != 0 || lane != 0) return;
+        // Load K or V tile j (pipeline position idx = it * n_kv + j) into its stage once the
+        // consumers have released what that stage held STAGES positions earlier.
+        auto load_kv = [&](const CUtensorMap* map, unsigned tiles, unsigned full, unsigned empty,
+                           int st, int phase, int j, int bh) {
+            mbar_wait(empty, phase ^ 1);
+            mbar_arrive_expect_tx(full, L::KV_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < PANELS; ++pn)
+                tma_load_3d(tiles + st * L::KV_BYTES + pn * Bc * 128, map, full, 64 * pn, j * Bc, bh);
+        };
+        int it = 0;
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
+            const int m_blk = tile % n_m, bh = tile / n_m;
+            const int base = it * n_kv;
+            mbar_wait(q_empty, (it & 1) ^ 1);   // the previous tile's last Q Kᵀ has retired
+            mbar_arrive_expect_tx(q_full, L::Q_BYTES);
+#pragma unroll
+            for (int pn = 0; pn < PANELS; ++pn) tma_load_3d(q_s + pn * Br * 128, &tm_q, q_full, 64 * pn, m_blk * Br, bh);
+            // The order the consumers use them: K_0, then K_j before V_{j-1}, then V_{n-1}.
+            for (int j = 0; j <= n_kv; ++j) {
+                if (j < n_kv) {
+                    const int idx = base + j;
+                    load_kv(&tm_k, k_s, k_full(idx % STAGES), k_empty(idx % STAGES), idx % STAGES, (idx / STAGES) & 1, j, bh);
+                }
+                if (j > 0) {
+                    const int idx = base + j - 1;
+                    load_kv(&tm_v, v_s, v_full(idx % STAGES), v_empty(idx % STAGES), idx % STAGES, (idx / STAGES) & 1, j - 1, bh);
+                }
+            }
+        }
+    } else {
+        // ------------------------------------------------------------ consumers
+        setmaxnreg_inc<K6_CONSUMER_REGS>();
+        const int cw = wg - 1;                           // consumer warpgroup 0 or 1
+        const unsigned qt = q_s + cw * 64 * 128;         // its 64 rows of the Q tile
+        // Consumer 0 takes the first turn; consumer 1 passes none after its very last GEMMs, so
+        // arrivals and syncs match and no named barrier is left part-way at exit.
+        if (cw == 1 && n_kv > 1) named_arrive(K6_BAR_PINGPONG + 0, 256);
+        auto qk = [&](float (&s)[Bc / 2], unsigned kt) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const int panel = kk / 4, col = (kk % 4) * 32;
+                wgmma_ss(s, sw128_desc(qt + panel * Br * 128 + col, 16), sw128_desc(kt + panel * Bc * 128 + col, 16), kk > 0);
+            }
+        };
+        auto pv = [&](float (&acc)[D / 2], const unsigned (&p)[Bc / 16][4], unsigned vt) {
+#pragma unroll
+            for (int kk = 0; kk < Bc / 16; ++kk) wgmma_rs(acc, p[kk], sw128_desc(vt + kk * 16 * 128, Bc * 128), 1);
+        };
+
+        int it = 0;
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
+            const int m_blk = tile % n_m, bh = tile / n_m;
+            const int base = it * n_kv;
+            float acc[D / 2];
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+            float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
+            float s[Bc / 2];
+            unsigned p[Bc / 16][4];
+
+            // Tile 0: S_0 = Q K_0ᵀ, its softmax.
+            mbar_wait(q_full, it & 1);
+            {
+                const int st = base % STAGES;
+                mbar_wait(k_full(st), (base / STAGES) & 1);
+                wgmma_fence();
+                qk(s, k_s + st * L::KV_BYTES);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_registers(s);
+                if (lane == 0) {
+                    mbar_arrive(k_empty(st));
+                    if (n_kv == 1) mbar_arrive(q_empty);
+                }
+            }
+            online_softmax<Bc>(s, m_i, l_i, alpha, 0, S, scale_log2, lane);
+            pack_p<Bc>(p, s);
+
+            for (int j = 1; j < n_kv; ++j) {
+                const int idx = base + j, st = idx % STAGES, ph = (idx / STAGES) & 1;
+                const int idx_v = idx - 1, st_v = idx_v % STAGES, ph_v = (idx_v / STAGES) & 1;
+                mbar_wait(k_full(st), ph);
+                mbar_wait(v_full(st_v), ph_v);
+                named_sync(K6_BAR_PINGPONG + cw, 256);        // our turn on the tensor cores
+                fence_registers(acc);
+                wgmma_fence();
+                qk(s, k_s + st * L::KV_BYTES);                 // S_j = Q K_jᵀ
+                wgmma_commit();
+                pv(acc, p, v_s + st_v * L::KV_BYTES);          // O += P_{j-1} V_{j-1}
+                wgmma_commit();
+                if (cw == 0 || j < n_kv - 1 || tile + (int)gridDim.x < n_tiles)
+                    named_arrive(K6_BAR_PINGPONG + (cw ^ 1), 256); // the other consumer's turn
+                wgmma_wait<1>();                               // S_j is in; P V still running
+                fence_registers(s);
+                online_softmax<Bc>(s, m_i, l_i, alpha, j * Bc, S, scale_log2, lane);
+                // Released after the softmax, not before: this branch ends a basic block, which
+                // keeps ptxas from hoisting the wait below above the softmax (it did, and so
+                // serialised the softmax behind P V).
+                if (lane == 0) {
+                    mbar_arrive(k_empty(st));
+                    if (j == n_kv - 1) mbar_arrive(q_empty);
+                }
+                wgmma_wait<0>();
+                fence_registers(acc);
+                if (lane == 0) mbar_arrive(v_empty(st_v));
+#pragma unroll
+                for (int t = 0; t < ND; ++t) {
+                    acc[4 * t + 0] *= alpha[0];
+                    acc[4 * t + 1] *= alpha[0];
+                    acc[4 * t + 2] *= alpha[1];
+                    acc[4 * t + 3] *= alpha[1];
+                }
+                pack_p<Bc>(p, s);
+            }
+
+            // The last tile's P V, then O / l straight from registers.
+            {
+                const int idx = base + n_kv - 1, st = idx % STAGES;
+                mbar_wait(v_full(st), (idx / STAGES) & 1);
+                fence_registers(acc);
+                wgmma_fence();
+                pv(acc, p, v_s + st * L::KV_BYTES);
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_registers(acc);
+                if (lane == 0) mbar_arrive(v_empty(st));
+            }
+            half* o_tile = O + (long)bh * S * D;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float l = l_i[r];
+                l += __shfl_xor_sync(0xffffffff, l, 1);
+                l += __shfl_xor_sync(0xffffffff, l, 2);
+                const int row = m_blk * Br + cw * 64 + warp * 16 + lane / 4 + 8 * r;
+                if (row >= S) continue;
+                const float inv = 1.f / l;
+                half* o = o_tile + (long)row * D + 2 * (lane % 4);
+#pragma unroll
+                for (int t = 0; t < ND; ++t)
+                    *reinterpret_cast<half2*>(o + t * 8) = __floats2half2_rn(acc[4 * t + 2 * r] * inv, acc[4 * t + 2 * r + 1] * inv);
+            }
+        }
+    }
+#else
+    __trap();   // built without sm_90a: the host never launches this (see uses_wgmma)
+#endif
+}
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's cuTensorMapEncodeTiled through the runtime (no -lcuda at link time).
+EncodeTiledFn encode_tiled() {
+    static const EncodeTiledFn fn = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+        TORCH_CHECK(found == cudaDriverEntryPointSuccess && f != nullptr,
+                    "kernel 6 needs cuTensorMapEncodeTiled (CUDA driver 12.0 or newer)");
+        return reinterpret_cast<EncodeTiledFn>(f);
+    }();
+    return fn;
+}
+
+// (B·H, S, D) fp16 as a 3-D tensor map, boxes of 64 columns x `rows` rows x 1 head, 128-byte
+// swizzle; reads past row S of a head come back as zeros.
+CUtensorMap make_tile_map(const half* base, int BH, int S, int D, int rows) {
+    CUtensorMap map;
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)S, (cuuint64_t)BH};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)S * D * 2};   // bytes, dims 1 and 2
+    const cuuint32_t box[3] = {64, (cuuint32_t)rows, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<half*>(base), dims,
+                                      strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    TORCH_CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (CUresult ", (int)r, ") for Q, K or V of (B*H, S, D) = (",
+                BH, ", ", S, ", ", D, ")");
+    return map;
+}
+
+template <int D>
+void attention_forward6(const half* q, const half* k, const half* v, half* o, int BH, int S,
+                        cudaStream_t stream) {
+    constexpr int Bc = ATTN6_BC, STAGES = ATTN6_STAGES;
+    constexpr int smem = Kernel6Smem<D, Bc, STAGES>::BYTES;
+    auto kernel = attention_kernel6<D, Bc, STAGES>;
+    static bool configured = false;
+    if (!configured) {
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        configured = true;
+    }
+    static const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int n_m = (S + K6_BR - 1) / K6_BR;
+    const long tiles = (long)n_m * BH;
+    TORCH_CHECK(tiles <= INT_MAX, "Q must have shape (B, H, S, D) with B*H*ceil(S/128) < 2^31; got B*H = ", BH, ", S = ", S);
+    const CUtensorMap tm_q = make_tile_map(q, BH, S, D, K6_BR);
+    const CUtensorMap tm_k = make_tile_map(k, BH, S, D, Bc);
+    const CUtensorMap tm_v = make_tile_map(v, BH, S, D, Bc);
+    const float scale_log2 = 1.4426950408889634f / sqrtf((float)D);
+    const int grid = (int)std::min<long>(tiles, sms);
+    kernel<<<grid, K6_THREADS, smem, stream>>>(tm_q, tm_k, tm_v, o, S, n_m, (int)tiles, scale_log2);
+}
+#endif  // ATTENTION_VERSION == 6
+
+
 }  // namespace
 
 torch::Tensor flash_attention_forward(torch::Tensor Q, torch::Tensor K, torch::Tensor V) {
@@ -644,7 +1075,13 @@ torch::Tensor flash_attention_forward(torch::Tensor Q, torch::Tensor K, torch::T
     if (D == 64) attention_forward2<64>(q, k, v, o, BH, S, stream);
     else attention_forward2<128>(q, k, v, o, BH, S, stream);
 #else
-    if (ATTENTION_VERSION == 5 && uses_wgmma()) {
+#if ATTENTION_VERSION == 6
+    if (uses_wgmma() && (D == 128 || ATTN6_D64)) {
+        if (D == 64) attention_forward6<64>(q, k, v, o, BH, S, stream);
+        else attention_forward6<128>(q, k, v, o, BH, S, stream);
+    } else
+#endif
+    if (ATTENTION_VERSION >= 5 && uses_wgmma()) {
         if (D == 64) attention_forward5<64>(q, k, v, o, BH, S, stream);
         else attention_forward5<128>(q, k, v, o, BH, S, stream);
     } else {
