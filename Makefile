@@ -1,15 +1,18 @@
 # FlashAttention assignment kit. Verbs are targets; knobs are variables:
-#   make grade SUBMISSIONS=path/to/folders-or-drop.zip RESULTS=results ROSTER=roster.csv
+#   make grade SUBMISSIONS=path/to/folders-or-drop.zip RESULTS=results ROSTER=roster.csv GPUS=0,1
+#   make grade EXECUTOR=slurm PARTITION=gpu SLURM_WORKERS=4   (grade on Slurm nodes)
 #   make check SUBMISSION=student VERBOSE=1   (VERBOSE=1: ptxas registers, spills, shared memory)
+#   make check SUBMISSION=student EXECUTOR=slurm PARTITION=gpu   (the check on a Slurm GPU node)
 #   make test | make test-gpu | make bench | make adversarial | make timing-trust
 #   make bench-grader COPIES=100 BUDGET=15 GPUS="0 0,1" BENCH_ARGS=--warm   (grader throughput)
 #   make release | make clean (keeps results/) | make clean-results (deletes them)
 SHELL := /bin/sh
 PYTHON_BASE ?= python3
 TORCH_SPEC ?= torch==2.13.0
-# auto: install where the machine can (Triton: a wheel exists; Playwright: a chromium is installed);
-# 1: required (set-up fails without it); 0: not installed.
+# auto: install where the machine can (Triton, TileLang: a wheel exists; Playwright: a chromium is
+# installed); 1: required (set-up fails without it); 0: not installed.
 WITH_TRITON ?= auto
+WITH_TILELANG ?= auto
 WITH_BROWSER ?= auto
 SUBMISSIONS ?= examples
 SUBMISSION ?= student
@@ -21,6 +24,14 @@ JOBS ?=
 # 0: compile every CUDA submission again (--no-build-cache); default: reuse unchanged builds.
 BUILD_CACHE ?=
 PYTEST_ARGS ?=
+# Issue 13: EXECUTOR=slurm grades (or checks: issue 15) on Slurm nodes through submitit
+# (grader/slurm.py): PARTITION is the nodes' partition, SLURM_WORKERS the grading array's tasks
+# (each grades a share), SLURM_ARGS any more options ("--slurm-time 120 --slurm-arg mem=64G").
+EXECUTOR ?= local
+PARTITION ?=
+SLURM_WORKERS ?=
+SLURM_ARGS ?=
+EXECUTOR_ARGS := --executor $(EXECUTOR) $(if $(PARTITION),--partition $(PARTITION)) $(SLURM_ARGS)
 VENV := .venv
 PY := $(VENV)/bin/python
 GRADE_ARGS := --out $(RESULTS) $(if $(JOBS),--jobs $(JOBS)) $(if $(POLICY),--policy $(POLICY)) \
@@ -31,7 +42,7 @@ REPORT_ARGS := $(if $(ROSTER),--roster $(ROSTER)) $(if $(POLICY),--policy $(POLI
 # checksum of their values (and of whether a chromium is installed), so `make test WITH_TRITON=0`
 # after `make test` is a set-up of its own. scripts/bootstrap.sh writes the values into the stamp.
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
-KNOBS := base=$(PYTHON_BASE) torch=$(TORCH_SPEC) triton=$(WITH_TRITON) browser=$(WITH_BROWSER) chromium=$(CHROMIUM)
+KNOBS := base=$(PYTHON_BASE) torch=$(TORCH_SPEC) triton=$(WITH_TRITON) tilelang=$(WITH_TILELANG) browser=$(WITH_BROWSER) chromium=$(CHROMIUM)
 STAMP := $(VENV)/.ready-$(shell printf '%s' '$(KNOBS)' | cksum | cut -d' ' -f1)
 
 .PHONY: env grade check leaderboard test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
@@ -40,13 +51,16 @@ env: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	BASE_PYTHON='$(PYTHON_BASE)' TORCH_SPEC='$(TORCH_SPEC)' WITH_TRITON='$(WITH_TRITON)' \
-	  WITH_BROWSER='$(WITH_BROWSER)' STAMP='$@' KNOBS='$(KNOBS)' sh scripts/bootstrap.sh
+	  WITH_TILELANG='$(WITH_TILELANG)' WITH_BROWSER='$(WITH_BROWSER)' STAMP='$@' KNOBS='$(KNOBS)' \
+	  sh scripts/bootstrap.sh
 
 grade: env
-	$(PY) -m grader grade $(SUBMISSIONS) $(GRADE_ARGS) $(if $(ROSTER),--roster $(ROSTER))
+	$(PY) -m grader grade $(SUBMISSIONS) $(GRADE_ARGS) $(if $(ROSTER),--roster $(ROSTER)) \
+	  $(if $(GPUS),--gpus $(GPUS)) $(EXECUTOR_ARGS) $(if $(SLURM_WORKERS),--slurm-workers $(SLURM_WORKERS))
 
 check: env
-	$(PY) -m grader check $(SUBMISSION) $(if $(POLICY),--policy $(POLICY)) $(if $(filter 1,$(VERBOSE)),--verbose)
+	$(PY) -m grader check $(SUBMISSION) $(if $(POLICY),--policy $(POLICY)) $(if $(filter 1,$(VERBOSE)),--verbose) \
+	  $(EXECUTOR_ARGS)
 
 leaderboard: env
 	$(PY) -m grader leaderboard --out $(RESULTS) $(REPORT_ARGS)

@@ -6,8 +6,9 @@
 Builds every variant in parallel (child processes, as the grader builds), checks each on every
 public and hidden case against the fp32 reference, then times each variant and each baseline on
 each public shape with the grader's own timing code (CUDA events, warm-up, L2 flushed, fresh
-inputs, RSE < 0.5% or the budget). Prints one table and writes the figures with the device,
-driver, torch version and date.
+inputs, RSE < 0.5% or the budget), and the skeleton's versions 1 and 2 as the bundled examples
+implement them on the largest shape. Prints one table and writes the figures with the device,
+driver, torch version and date; scripts/perf_table.py turns them into every figure students read.
 """
 
 from __future__ import annotations
@@ -38,9 +39,16 @@ from inprocess import time_in_process  # noqa: E402
 ROOT = config.REPO_ROOT
 
 
-def build_variant(name: str, flags: list[str], arch: str, build_root: Path) -> tuple[str, Path | None, str]:
+# The skeleton's versions 1 and 2 as the bundled examples implement them: timed on the largest
+# case only (~1 s a call), for the handout's and the skeleton's figures (scripts/perf_table.py).
+STAGES = {"stage 1: naive (examples/naive_cuda)": ROOT / "examples" / "naive_cuda" / "submission.cu",
+          "stage 2: tiled (examples/tiled_cuda)": ROOT / "examples" / "tiled_cuda" / "submission.cu"}
+
+
+def build_variant(name: str, flags: list[str], arch: str, build_root: Path,
+                  source: Path = config.SOLUTION_DIR / "submission.cu") -> tuple[str, Path | None, str]:
     module = f"solution_{name}"
-    cmd = [sys.executable, "-m", "grader.build", "extension", str(config.SOLUTION_DIR / "submission.cu"),
+    cmd = [sys.executable, "-m", "grader.build", "extension", str(source),
            "--name", module, "--build-dir", str(build_root / module), "--arch", arch,
            "--cuda-flag=-Xptxas=-v", *[f"--cuda-flag={f}" for f in flags]]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -76,6 +84,16 @@ def main() -> int:
         print(f"== {name} {' '.join(variants[name])}\n{log}")
         if path is not None:
             kernels[name] = load_extension(str(path), f"solution_{name}")
+    stages = {}
+    if not args.variant and not args.no_baselines:
+        with concurrent.futures.ThreadPoolExecutor(len(STAGES)) as pool:
+            built = list(pool.map(lambda kv: build_variant(f"stage{kv[0]}", [], device.arch, build_root,
+                                                           source=kv[1][1]), enumerate(STAGES.items())))
+        for (label, _), (name, path, log) in zip(STAGES.items(), built):
+            if path is None:
+                print(f"== {label}: build failed\n{log}")
+            else:
+                stages[label] = load_extension(str(path), f"solution_{name}")
 
     # correctness of every variant on every case
     cases = load_all_cases(config.PUBLIC_CASES, config.HIDDEN_CASES)
@@ -83,7 +101,7 @@ def main() -> int:
     for case in cases:
         q, k, v = make_inputs(case, "cuda")
         ref = attention_reference(q, k, v)
-        for name, fn in kernels.items():
+        for name, fn in {**kernels, **stages}.items():
             finding = compare_outputs(fn(q, k, v), ref)
             if not finding.ok:
                 broken.add(name)
@@ -94,10 +112,14 @@ def main() -> int:
     rows = {name: fn for name, fn in kernels.items() if name not in broken}
     if not args.no_baselines:
         rows.update({b.label: load_builtin(b.name) for b in BASELINES.values()})
+    rows.update({label: fn for label, fn in stages.items() if label not in broken})
     shapes = load_cases(config.PUBLIC_CASES)
+    largest = max(shapes, key=lambda c: c.flops)
     figures = []
     for case in shapes:
         for label, fn in rows.items():
+            if label in stages and case != largest:
+                continue
             try:
                 t = time_in_process(fn, case.shape, flops=case.flops, budget_s=args.budget,
                                     l2_bytes=device.l2_bytes)

@@ -15,12 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import config
+from . import config, slurm
 from .baselines import BASELINES
 from .build import PTXAS_VERBOSE_ENV
 from .build_cache import FOLDER as CACHE_FOLDER, BuildCache
 from .cases import CaseFileError, largest, load_all_cases, load_cases, with_cases
-from .device import detect
+from .device import GpuSelectionError, detect_gpus, parse_gpus
 from .exports import NotWritten
 from .feedback import feedback_text
 from .intake import DropError, open_drop
@@ -29,7 +29,7 @@ from .pipeline import GpuUnhealthy, GradeContext, grade_all, now
 from .policy import POLICY_FILE, PolicyError, load_policy, missing_baselines
 from .procs import default_build_jobs
 from .progress import Progress
-from .report import build_rows, text_table, write_reports
+from .report import terminal_table, write_reports
 from .results import RunFileError, read_results, read_run
 from .roster import RosterError, load_roster
 from .runs import LockHeld, RunJournal, RunSession, check_only, previous_run_note
@@ -93,12 +93,18 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--only", nargs="+", metavar="ID",
                    help="grade only these submissions (folder names); the others keep their results")
     _roster(g)
+    # Issue 13: one GPU worker per GPU (grader/pipeline.py grade_all).
+    g.add_argument("--gpus", metavar="SET",
+                   help="the GPUs to grade on, one worker each: CUDA indices such as 0,1, or all "
+                        "(default: every GPU of the first one's kind); without a GPU, one CPU worker")
+    slurm.add_arguments(g)   # issue 13: --executor slurm (grader/slurm.py)
     c = sub.add_parser("check", help="grade one submission folder and explain the result")
     c.add_argument("path", type=Path)
     c.add_argument("--verbose", action="store_true",
                    help="CUDA: rebuild and show each kernel's registers, spills, stack and shared "
                         "memory (ptxas -v)")
     _common(c)
+    slurm.add_arguments(c, workers=False)   # issue 15: the check as a Slurm job
     lb = sub.add_parser("leaderboard", help="re-render the page and exports from result files")
     lb.add_argument("--out", type=Path, default=config.DEFAULT_RESULTS)
     _roster(lb)
@@ -106,8 +112,26 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _devices(args) -> list | None:
+    """The GPUs to grade on (--gpus; `check`: the first), or the CPU device; None (and the
+    usage error printed) when --gpus is not a set of this machine's GPUs."""
+    text = getattr(args, "gpus", None)
+    try:
+        wanted = parse_gpus(text) if args.command == "grade" else [0]
+        devices = detect_gpus(wanted, force_cpu=args.cpu)
+    except GpuSelectionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    if text is not None and not devices[0].cuda:
+        print(f"note: --gpus {text}: no CUDA device here; grading with one CPU worker", file=sys.stderr)
+    return devices
+
+
 def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) -> int:
-    device = detect(force_cpu=args.cpu)
+    devices = _devices(args)
+    if devices is None:
+        return 2
+    device = devices[0]
     try:
         cases = load_all_cases(args.cases, None if args.no_hidden else args.hidden)
         if getattr(args, "cpu_cases", None) and not device.cuda:   # check, no GPU: cases it can run
@@ -130,7 +154,7 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    session = RunSession(out, device=device)
+    session = RunSession(out, device=device, gpus=devices if device.cuda else ())
     try:   # one run at a time on a results folder, and on a GPU
         session.open()
     except LockHeld as e:
@@ -139,13 +163,13 @@ def _grade(subs, *, out: Path, args, baselines: list[str], quiet: bool = False) 
     try:
         return _grade_run(subs, out=out, args=args, baselines=baselines, quiet=quiet, cases=cases,
                           policy=policy, device=device, session=session,
-                          only=set(only) if only else None)
+                          only=set(only) if only else None, devices=devices)
     finally:
         session.close()
 
 
 def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, cases, policy, device,
-               session: RunSession, only: set[str] | None) -> int:
+               session: RunSession, only: set[str] | None, devices=()) -> int:
     for note in session.notes:
         print(f"note: {note}", file=sys.stderr)
     try:
@@ -165,11 +189,16 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
                precision=dict(factor=policy.precision_factor, floor=policy.precision_floor),
                limits=vars(limits), submissions=[s.id for s in subs],
                baselines=list(baselines), skipped=getattr(args, "skipped", []))
+    gpus = [d for d in devices if d.cuda]   # one GPU worker each (grade --gpus)
+    run["gpus"] = [dict(index=d.index, name=d.name, uuid=d.uuid, matmul_tflops=d.matmul_tflops)
+                   for d in gpus]
     resumed = previous_run_note(out)
     if resumed:
         print(f"note: {resumed}", file=sys.stderr)
     journal = RunJournal(out, run)   # the run file, rewritten as results land
     where = device.name if device.cuda else "no CUDA device (compile checks and CPU runs only)"
+    if len(gpus) > 1:
+        where = f"{len(gpus)} GPUs, one worker each: " + ", ".join(d.label for d in gpus)
     print(f"grading {len(subs)} submission(s) on {where}; {len(cases)} cases; results in {out}",
           file=sys.stderr)
     progress = Progress(len(subs) + len(baselines))
@@ -177,7 +206,8 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
                        out_dir=out, build_dir=args.build_dir, progress=progress, sandbox=sandbox,
                        calibration=args.calibration,
                        precision=(policy.precision_factor, policy.precision_floor),
-                       build_cache=_build_cache(args, sandbox))
+                       build_cache=_build_cache(args, sandbox),
+                       gpus=tuple(gpus) if len(gpus) > 1 else ())
     t0 = time.monotonic()
     code = 0
     try:
@@ -197,7 +227,7 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     paths = write_reports(out, archive=True, roster=getattr(args, "roster", None), policy=policy,
                           results=results)
     if not quiet:
-        print(text_table(build_rows(results, run=run)))
+        print(terminal_table(out, results, run))
         print(where_reports_are(paths, out))
     return code
 
@@ -368,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(f"error: {args.out / 'baselines'}: {p}" for p in lost), file=sys.stderr)
                 return 2
         paths = write_reports(args.out, roster=args.roster, policy=policy, results=results)
-        print(text_table(build_rows(results, run=run)))
+        print(terminal_table(args.out, results, run))
         print(where_reports_are(paths, args.out))
         return 0
     if args.command == "grade":
@@ -397,12 +427,23 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_solution and config.SOLUTION_DIR.is_dir():
             subs.append(inspect_folder(config.SOLUTION_DIR, role=Role.BASELINE, id="solution"))
         baselines = [] if args.no_baselines else list(BASELINES)
+        if slurm.misuse(args):
+            print(f"error: {slurm.misuse(args)}", file=sys.stderr)
+            return 2
+        if args.executor == "slurm":   # the same run, graded by Slurm tasks (grader/slurm.py)
+            return slurm.grade(subs, out=args.out or config.DEFAULT_RESULTS, args=args,
+                               baselines=baselines)
         return _grade(subs, out=args.out or config.DEFAULT_RESULTS, args=args, baselines=baselines)
     # check: one folder, no baselines, and the student-facing text
     problem = check_usage(args.path)
     if problem:   # a mistake in the command, not in the code: no verdict
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if slurm.misuse(args):
+        print(f"error: {slurm.misuse(args)}", file=sys.stderr)
+        return 2
+    if args.executor == "slurm":   # this same check, run on a Slurm node (grader/slurm.py)
+        return slurm.check(args, out=args.out or config.DEFAULT_RESULTS / "check")
     sub = inspect_folder(args.path)
     out = args.out or config.DEFAULT_RESULTS / "check"
     # Without a GPU, a Python submission also runs on small public cases (the public ones are too

@@ -4,6 +4,8 @@ With a GPU, CUDA submissions are built exactly as a CS149-style wrapper does it,
 `torch.utils.cpp_extension.load_inline(..., functions=["flash_attention_forward"])`, with ninja,
 for the GPU's own architecture, in a build folder of their own. Without one, the same source is
 compile-checked with nvcc (no link: a CPU build of torch has no CUDA libraries to link against).
+Both have CUTLASS's and CuTe's headers (the nvidia-cutlass wheel: cutlass_include) on their
+include path, for the CuTe track.
 
 Every CUDA build starts from an empty build folder. A build that nothing it depends on has changed
 since (build_inputs) is not compiled again: its files come back from the build cache
@@ -192,6 +194,7 @@ def build_inputs(sub: Submission, device: DeviceInfo) -> dict:
         env={name: os.environ.get(name) for name in BUILD_ENV}, grader=build_code_digest())
     if mode == "compile_only":
         inputs["headers"] = headers_digest(tuple(cuda_include_dirs()))
+    inputs["cutlass"] = cutlass_identity()
     return inputs
 
 
@@ -315,6 +318,10 @@ def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
 _NO_MODULE = re.compile(r"^(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'", re.M)
 _NO_HEADER = re.compile(r"fatal error: ([\w/.]+\.h): No such file or directory")
 _NO_NINJA = "Ninja is required to load C++ extensions"
+# gcc's preprocessor (fatal error: cute/tensor.hpp: No such file) and nvcc's front end (cannot
+# open source file "cute/tensor.hpp") on an #include of a CUTLASS or CuTe header.
+_NO_CUTLASS = re.compile(r"fatal error: (?:cute|cutlass)/[\w/.]+: No such file or directory|"
+                         r"cannot open source file \"(?:cute|cutlass)/[\w/.]+\"")
 
 
 def environment_problem(output: str, mode: str) -> str:
@@ -335,6 +342,9 @@ def environment_problem(output: str, mode: str) -> str:
                 os.path.isfile(os.path.join(d, name)) for d in cuda_include_dirs() + _cuda_home_include()):
             return (f"lacks the CUDA header {name}, which the set-up provides "
                     f"(scripts/bootstrap.sh fetches it into .venv/cuda-include)")
+    if _NO_CUTLASS.search(output) and cutlass_include() is None:
+        return (f"lacks the CUTLASS/CuTe headers (cute/..., cutlass/...), which the set-up "
+                f"provides: {CUTLASS_INSTALL}")
     if _NO_NINJA in output and shutil.which("ninja") is None:
         return "lacks ninja, which torch's extension builder needs (pip install ninja)"
     return ""
@@ -413,12 +423,57 @@ def build_extension(source: Path, name: str, build_dir: Path, arch: str,
     cpp_extension.load_inline(name=name, cpp_sources=[config.ENTRY_DECLARATION],
                               cuda_sources=[source.read_text()], functions=[config.ENTRY_POINT],
                               build_directory=str(build_dir), verbose=True,
+                              extra_include_paths=cutlass_include_dirs(),
                               extra_cflags=list(EXTRA_CFLAGS),
                               extra_cuda_cflags=[*EXTRA_CUDA_CFLAGS, *arch_flags(arch),
                                                  *extra_cuda_cflags])
     path = build_dir / f"{name}.so"
     print(f"built {path}")
     return path
+
+
+# CUTLASS and CuTe (header-only C++ templates) for the CuTe track: the `nvidia-cutlass` wheel,
+# which scripts/bootstrap.sh installs (pyproject's `cute` extra, without its Python dependencies),
+# ships them in its cutlass_library package, as source/include/{cute,cutlass}. That folder is on
+# the include path of every CUDA build (the extension and the compile check); a plain CUDA
+# submission never notices it. The wheel lives in the virtual environment or the interpreter's
+# site-packages, which the sandbox shows read-only (sandbox.default_layout).
+CUTLASS_DIST = "nvidia-cutlass"
+CUTLASS_INSTALL = "pip install --no-deps 'nvidia-cutlass==4.2.0' (scripts/bootstrap.sh does)"
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_include() -> str | None:
+    """The folder holding cute/ and cutlass/ (the nvidia-cutlass wheel's headers), or None where
+    the wheel is not installed. Found from the distribution's metadata: nothing is imported."""
+    import importlib.metadata as md
+    try:
+        dist = md.distribution(CUTLASS_DIST)
+    except md.PackageNotFoundError:
+        return None
+    folder = Path(str(dist.locate_file("cutlass_library/source/include")))
+    return str(folder) if (folder / "cute" / "tensor.hpp").is_file() \
+        and (folder / "cutlass" / "version.h").is_file() else None
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_identity() -> dict | None:
+    """What of CUTLASS a build sees, for the cache key: the wheel's version, the version its
+    headers declare, where they are and every header's path, size and time. None without it."""
+    folder = cutlass_include()
+    if folder is None:
+        return None
+    import importlib.metadata as md
+    declared = re.findall(r"#define\s+CUTLASS_(MAJOR|MINOR|PATCH)\s+(\d+)",
+                          (Path(folder) / "cutlass" / "version.h").read_text(errors="replace"))
+    return dict(dist=md.version(CUTLASS_DIST), headers=".".join(v for _, v in declared),
+                include=folder, digest=headers_digest((folder,)))
+
+
+def cutlass_include_dirs() -> list[str]:
+    """The CUTLASS/CuTe include folder, as a list: empty where the wheel is missing."""
+    folder = cutlass_include()
+    return [folder] if folder else []
 
 
 def cuda_include_dirs() -> list[str]:
@@ -473,7 +528,8 @@ def compile_check_command(unit: Path, obj: Path, name: str, arch: str, nvcc: str
            "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",   # the CPU build of torch lacks this generated header
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            "-Xcompiler", "-fPIC", *COMMON_NVCC_FLAGS, *arch_flags(arch)]
-    for inc in [*first_include, *include_paths(), *cuda_include_dirs(), sysconfig.get_paths()["include"]]:
+    for inc in [*first_include, *include_paths(), *cuda_include_dirs(), *cutlass_include_dirs(),
+                sysconfig.get_paths()["include"]]:
         cmd += ["-I", inc]
     return cmd
 

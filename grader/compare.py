@@ -102,7 +102,7 @@ class Finding:
 def compare_outputs(got: torch.Tensor, expected: torch.Tensor, *, rtol: float = config.RTOL,
                     atol: float = config.ATOL, max_report: int = 5,
                     expected_dtype: torch.dtype | None = torch.float16,
-                    plain: torch.Tensor | None = None,
+                    plain: torch.Tensor | None = None, plain_error: float | None = None,
                     precision_factor: float = config.PRECISION_FACTOR,
                     precision_floor: float = config.PRECISION_FLOOR) -> Finding:
     """Element-wise |got - expected| <= atol + rtol·|expected|; NaN and inf always count as bad.
@@ -136,15 +136,23 @@ def compare_outputs(got: torch.Tensor, expected: torch.Tensor, *, rtol: float = 
                           for i in idx)
     all_zero = bool(got32.numel() and not got32.any())
     budget = {}
-    if plain is not None:
-        plain_error = float((plain.to(device=expected.device, dtype=torch.float32) - expected)
-                            .abs().nan_to_num(posinf=float("inf")).max()) if expected.numel() else 0.0
+    if plain_error is None and plain is not None:
+        plain_error = plain_error_of(plain, expected)
+    if plain_error is not None:
         budget = dict(plain_error=plain_error, precision_factor=precision_factor,
                       precision_floor=precision_floor)
     finding = Finding(ok=mismatches == 0, mismatches=mismatches, nan_count=nan_count,
                       inf_count=inf_count, max_abs_error=max_abs, max_rel_error=max_rel,
                       first_bad=first_bad, all_zero=all_zero, **budget, **base)
     return dataclasses.replace(finding, ok=False) if finding.over_budget else finding
+
+
+def plain_error_of(plain: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |plain - expected|: the plain fp16 implementation's error, the precision budget's unit."""
+    if not expected.numel():
+        return 0.0
+    return float((plain.to(device=expected.device, dtype=torch.float32) - expected)
+                 .abs().nan_to_num(posinf=float("inf")).max())
 
 
 def _unusable(problem: str, **base) -> Finding:

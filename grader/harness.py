@@ -215,13 +215,18 @@ def _error_text(reply: dict, where: str = "") -> str:
     return text
 
 
-def _gone_record(gone: SubjectGone, link: Link, spec: dict, *, loading: bool) -> dict:
+def _gone_record(gone: SubjectGone, link: Link, spec: dict, *, loading: bool,
+                 limit: str = "") -> dict:
     doing = "loading the submission" if loading else "this case"
     if gone.status == "timeout":
-        return dict(status="timeout",
-                    message=f"still running after {spec['deadline_s']:.0f} s ({doing}); killed")
+        return dict(status="timeout", message=f"still running after {limit or _run_limit(spec)} "
+                                              f"({doing}); killed")
     tail = "\n".join(link.output().rstrip().splitlines()[-25:])
     return dict(status="runtime_error", message=f"{gone.message} while {doing}\n{tail}")
+
+
+def _run_limit(spec: dict) -> str:
+    return f"{spec['deadline_s']:.0f} s, the limit for loading and running every case"
 
 
 # ---------------------------------------------------------------- run: every case, outputs kept
@@ -259,14 +264,25 @@ def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadlin
     o.fill_(float("nan"))
     synchronize(device)
     start_s = _perf_counter()
+    case_s = spec.get("case_limits", {}).get(case.id)   # on a GPU: from the case's size
+    limit = ""
+    if case_s is not None and time.monotonic() + case_s < deadline:
+        deadline = time.monotonic() + case_s
+        limit = f"{case_s:.0f} s, the limit for a case of this size"
     try:
         reply = link.receive(deadline, expect=link.send(dict(op="call", shape=list(case.shape),
                                                              profile=True)))
     except SubjectGone as gone:
-        record = _gone_record(gone, link, spec, loading=False)
+        record = _gone_record(gone, link, spec, loading=False, limit=limit)
         return record, dict(status="runtime_error",
                             message=f"not run: the process ended during case {case.id}")
     elapsed = _perf_counter() - start_s
+    if reply.get("event") == "not_run":   # TileLang compiled, with no GPU to launch on (subject/loop.py)
+        if device != "cuda":
+            return dict(status="not_run", message=clean(reply.get("message"), 1000),
+                        launched=_launched(reply.get("launched"))), None
+        return dict(status="runtime_error", message="the subject claimed there is no GPU to run "
+                    "on, on a GPU"), None
     if reply.get("event") == "error":
         record = dict(status="runtime_error", message=_error_text(reply))
         if not reply.get("context_alive", True):
@@ -471,6 +487,14 @@ def warm_up(link: Link, call: "Call", deadline: float) -> None:
         call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
 
 
+def coarse_enough(times: list[float], coarse_ms: float | None) -> bool:
+    """A call far slower than the fast ones (median above `coarse_ms`) is placed once
+    TIMING_COARSE_MIN_REPS calls agree to TIMING_COARSE_RSE: that precision does not decide ranks."""
+    return (coarse_ms is not None and len(times) >= config.TIMING_COARSE_MIN_REPS
+            and statistics.median(times) > coarse_ms
+            and relative_standard_error(times) < config.TIMING_COARSE_RSE)
+
+
 def time_case(spec: dict) -> dict:
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
     processes showed."""
@@ -502,12 +526,16 @@ def time_case(spec: dict) -> dict:
             if len(times) >= config.TIMING_MIN_REPS and relative_standard_error(times) < config.TIMING_TARGET_RSE:
                 stopped_by = "rse"
                 break
+            if coarse_enough(times, spec.get("coarse_ms")):
+                stopped_by = "coarse"
+                break
             if _perf_counter() - loop_start > spec["budget_s"] and len(times) >= 2:
                 stopped_by = "budget"
                 break
         report = link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
     except SubjectGone as gone:
-        record = _gone_record(gone, link, spec, loading=False)
+        record = _gone_record(gone, link, spec, loading=False,
+                              limit=f"{spec['deadline_s']:.0f} s, the limit for timing")
         link.close()
         return dict(failed=dict(record, message=f"timing {case.id}: {record['message']}"),
                     output=link.output())

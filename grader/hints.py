@@ -25,7 +25,11 @@ from .status import Status
 # there, because students edit student/ itself), student/ in the course's repository.
 SKELETON_DIRS = (Path(__file__).resolve().parent / "skeleton", config.REPO_ROOT / "student")
 SKELETON_FILES = {"cuda": ("submission.cu", "submission.cu"),
-                  "python": ("submission.py", "triton/submission.py")}   # (in skeleton/, in student/)
+                  "python": ("submission.py", "triton/submission.py"),
+                  "tilelang": ("tilelang_submission.py", "tilelang/submission.py"),
+                  "cute": ("cute_submission.cu", "cute/submission.cu")}   # (in skeleton/, in student/)
+_TILELANG = re.compile(r"^\s*(import|from)\s+tilelang\b", re.MULTILINE)
+_CUTE = re.compile(r"^\s*#\s*include\s*[<\"]cute/", re.MULTILINE)   # the CuTe track's C++
 
 _LABEL = re.compile(r"TODO\((\d+)(?:\.(\d+))?\):?")
 QUOTE_CHARS = 300   # a quoted TODO: its whole text up to this length, else its first whole sentences
@@ -275,7 +279,7 @@ def todo_states(source: str, skeleton: str | None = None) -> list[Todo]:
     """Every TODO of the skeleton that `source` derives from, in order, open or not."""
     python = _is_python(source) if skeleton is None else _is_python(skeleton)
     if skeleton is None:
-        skeleton = read_skeleton("python" if python else "cuda")
+        skeleton = read_skeleton(track(source))
         if skeleton is None:
             return []
     parse = _python_lines if python else _cpp_lines
@@ -340,8 +344,16 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def track(source: str) -> str:
+    """The track a submission's source is written for: 'cuda', 'cute', 'python' (Triton) or
+    'tilelang' (the keys of SKELETON_FILES and _REFS)."""
+    if _is_python(source):
+        return "tilelang" if _TILELANG.search(source) else "python"
+    return "cute" if _CUTE.search(source) else "cuda"
+
+
 def read_skeleton(kind: str) -> str | None:
-    """The pristine skeleton of a track ('cuda' or 'python'), or None where none is installed."""
+    """The pristine skeleton of a track (track()), or None where none is installed."""
     for folder in SKELETON_DIRS:
         name = SKELETON_FILES[kind][0 if folder.name == "skeleton" else 1]
         text = _read(folder / name)
@@ -415,11 +427,17 @@ _REFS = {
     "python": dict(inputs="custom_kernel", scores="TODO(1.1)", output="TODO(1.4)", max="TODO(1.2)",
                    rescale="TODO(1.2)", tails="TODO(1.2), TODO(1.4)", tail_keys="TODO(1.1)",
                    scale="TODO(1.1)", divide="TODO(1.4)"),
+    "tilelang": dict(inputs="custom_kernel", scores="TODO(1.2)", output="TODO(1.5)", max="TODO(1.3)",
+                     rescale="TODO(1.3), TODO(1.4)", tails="TODO(1.2)", tail_keys="TODO(1.2)",
+                     scale="TODO(1.3)", divide="TODO(1.5)"),
+    "cute": dict(inputs="flash_attention_forward", scores="TODO(1.2)", output="TODO(1.5)",
+                 max="TODO(1.2)", rescale="TODO(1.3)", tails="TODO(1.1), TODO(1.5)",
+                 tail_keys="TODO(1.1)", scale="TODO(1.2)", divide="TODO(1.5)"),
 }
 
 
 def hint_for(build: BuildResult | None, cases: list[CaseResult], source: str | None = None) -> str:
-    ref = _REFS["python" if source is not None and _is_python(source) else "cuda"]
+    ref = _REFS[track(source) if source is not None else "cuda"]
     if build is not None and build.status is Status.ENVIRONMENT_ERROR:
         return ("Nothing to change in your code: the grading machine lacked something it should "
                 "have. Your submission will be graded again once the machine is fixed.")
@@ -434,7 +452,14 @@ def hint_for(build: BuildResult | None, cases: list[CaseResult], source: str | N
         progress = progress_hint(source)
         if not progress:
             return ""
-        if any("too large for the CPU" in c.message for c in cases):
+        compiled = [c for c in cases if "TileLang lowered" in c.message]
+        if compiled:   # subject/loop.py: compiled for the course GPU, not launched
+            arch = re.search(r"for (sm_\w+)", compiled[0].message)
+            why = (f"TileLang lowered your kernel to CUDA and nvcc compiled it for "
+                   f"{arch.group(1) if arch else 'the course GPU'} on {len(compiled)} small "
+                   f"case{'s' if len(compiled) > 1 else ''}; none of them ran (TileLang has no CPU "
+                   f"interpreter), so whether it is right, or fast, needs a GPU")
+        elif any("too large for the CPU" in c.message for c in cases):
             why = "No case here is small enough for the CPU, so nothing was checked"
         elif cases and all("no CUDA device" in c.message for c in cases):
             why = "Correctness is not checked without a CUDA device"

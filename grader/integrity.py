@@ -3,8 +3,10 @@
 Threat 1 (a library instead of a kernel) is decided by what actually runs, never by the source
 alone: the worker lists every GPU kernel launched during the call (torch.profiler sees every
 launch in the process, from any library or stream), or, without a GPU, every aten operator.
-A kernel is the submission's own when its name is defined in the submission's source and it
-does not live in a library's namespace; copies and fills (torch::empty_like(...).zero_(),
+A kernel is the submission's own when its name is defined in the submission's source, it
+does not live in a library's namespace and its template arguments and parameter types name no
+CUTLASS kernel-level component (CUTLASS_COMPONENT; CuTe's types are building blocks and change
+nothing: classify_launched states the rule); copies and fills (torch::empty_like(...).zero_(),
 .contiguous()) are allowed; anything else is flagged and listed on the submission's page.
 A static scan of the source adds evidence to a flag; it never flags on its own.
 """
@@ -20,6 +22,19 @@ LIBRARY_KERNEL = re.compile(
     r"^(at::|c10::|cutlass|cublas|cudnn|cutensor|cub::|thrust::|flash::|pytorch_flash::|"
     r"pytorch_fmha::|fmha|xmma|nvjet|flashinfer|xformers|sm\d{2,3}_xmma|ampere_|hopper_|turing_|"
     r"volta_|gemv|gemmk|triton_(poi|red|per|tem)_|cask_)", re.IGNORECASE)
+
+# CUTLASS components that are a whole kernel, or the heart of one, written by CUTLASS: the device-
+# level launchers (cutlass::device_kernel, cutlass::Kernel, cutlass::Kernel2), kernel-, device-,
+# collective- and threadblock-level GEMM, convolution and attention components, and epilogues.
+# A kernel that names one in its template arguments or parameters runs that library's kernel
+# under another name. CuTe (cute::) and CUTLASS's numeric and architecture types (cutlass::half_t,
+# cutlass::arch::) are what a student's own kernel is written with: not here.
+CUTLASS_COMPONENT = re.compile(
+    r"\bcutlass::(?:gemm|conv|fmha|reduction|transform)::(?:kernel|device|collective|threadblock)::"
+    r"|\bcutlass::epilogue::|\bcutlass::(?:device_kernel|Kernel2?|KernelTma\w*)\s*<")
+
+# How a C++ kernel is declared: __global__, or CUTLASS's macro for it.
+_GLOBAL = re.compile(r"\b__global__\b|\bCUTLASS_GLOBAL\b")
 
 # Library kernels that only move or clear memory: allocating, zeroing, copying, concatenating.
 DATA_MOVEMENT = re.compile(r"FillFunctor|direct_copy_kernel|copy_kernel|CatArrayBatchedCopy|"
@@ -66,24 +81,88 @@ def kernel_base_name(name: str) -> tuple[str, str]:
     return qualified, qualified.rsplit("::", 1)[-1]
 
 
-def own_kernel_names(source: str) -> set[str]:
-    """Names the submission defines: __global__ functions (in .cu files, or in a Python string for
-    CuPy-style raw kernels) and Python functions (Triton's @triton.jit kernels)."""
+def kernel_arguments(name: str) -> str:
+    """What follows a demangled kernel's qualified name: its template arguments and parameters
+    ('<cute::TiledMMA<...>, 64>(cute::Tensor<...>)'); '' for a bare name."""
+    name = re.sub(r"^(void|__global__)\s+", "", name.strip()).replace("(anonymous namespace)::", "")
+    return name[len(re.split(r"[(<\[ ]", name, maxsplit=1)[0]):]
+
+
+class KernelNames(set):
+    """The kernel names a submission defines (own_kernel_names); `cpp` holds those its C++
+    defines: a launched name with a C++ signature ('f<...>(...)', 'ns::f') must be one of them,
+    since Triton's and TileLang's kernels are reported by bare names."""
+    cpp: frozenset = frozenset()
+
+
+# Decorator lines, then a def: a Python kernel when one of them is a JIT (@triton.jit, @jit,
+# under @triton.autotune and the like).
+_DECORATED_DEF = re.compile(r"((?:^[ \t]*@[^\n]*\n)+)[ \t]*def\s+(\w+)\s*\(", re.MULTILINE)
+_CPP_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def own_kernel_names(source: str) -> KernelNames:
+    """Names the submission defines as kernels, file by file (read_sources' text): the __global__
+    functions of its C++ (comments left out), its Triton kernels (functions under a JIT decorator,
+    or passed to triton.jit) and, for each TileLang @T.prim_func, the kernel TileLang generates
+    from it (`attention` -> `attention_kernel`). A plain Python function is no kernel: naming one
+    after a library's kernel does not make that kernel the submission's."""
+    from .submission import split_sources
+    python, cpp = set(), set()
+    for path, text in split_sources(source).items():
+        if not path.endswith(".py"):   # C++ (or, without file marks, either)
+            cpp |= _cpp_kernels(_CPP_COMMENT.sub(" ", text))
+        if path.endswith(".py") or not path:
+            python |= _python_kernels(text)
+    names = KernelNames(python | cpp)
+    names.cpp = frozenset(cpp)
+    return names
+
+
+def _cpp_kernels(source: str) -> set[str]:
     names = set()
-    for segment in source.split("__global__")[1:]:
+    for segment in _GLOBAL.split(source)[1:]:
+        # drop attributes with arguments, before the body's brace is looked for: CuTe code puts
+        # braces and calls in them (__launch_bounds__(size(TiledMma{})), __cluster_dims__(...))
+        segment = re.sub(r"^(\s*(?:\w+\s+)*?)__\w+__\s*\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)",
+                         r"\1 ", segment, count=1)
         declaration = re.split(r"[;{]", segment, maxsplit=1)[0]
-        # drop attributes with arguments: __launch_bounds__(N, M), __cluster_dims__(...)
         declaration = re.sub(r"__\w+__\s*\((?:[^()]|\([^()]*\))*\)", " ", declaration)
         first_call = re.search(r"(\w+)\s*\(", declaration)
         if first_call:
             names.add(first_call.group(1))
-    names |= set(re.findall(r"^\s*def\s+(\w+)\s*\(", source, re.MULTILINE))
     return names
+
+
+def _python_kernels(source: str) -> set[str]:
+    names = {name for decorators, name in _DECORATED_DEF.findall(source)
+             if re.search(r"\bjit\b", decorators)}
+    names |= set(re.findall(r"\bjit\s*\(\s*(\w+)\s*[,)]", source))   # triton.jit(f)
+    # TileLang names the kernel it generates from a @T.prim_func after it: `<name>_kernel`.
+    names |= {f"{name}_kernel" for decorators, name in _DECORATED_DEF.findall(source)
+              if re.search(r"\bprim_func\b", decorators)}
+    names |= {f"{name}_kernel" for name in re.findall(r"\bprim_func\s*\(\s*(\w+)\s*\)", source)}
+    return names
+
+
+def _cpp_shaped(name: str) -> bool:
+    """A kernel name as C++ reports it: template arguments, parameters or a namespace."""
+    return bool(re.search(r"[(<]|::", re.sub(r"^(void|__global__)\s+", "", name.strip())))
 
 
 def classify_launched(launched, own: set[str], *, gpu: bool) -> list[LaunchFlag]:
     """Flags for the kernels (gpu) or aten operators (cpu) of one call that are not the
-    submission's own work; `own` is own_kernel_names of its source."""
+    submission's own work; `own` is own_kernel_names of its source.
+
+    The rule for a GPU kernel, by its demangled name as the profiler reports it
+    ('void attention_kernel1<cute::TiledMMA<...>, 64>(cute::Tensor<...>)'): copies and fills are
+    allowed; otherwise it is the submission's own exactly when (1) its qualified name (template
+    arguments and parameters dropped) is in no library's namespace (LIBRARY_KERNEL:
+    cutlass::device_kernel<...> is CUTLASS's, whoever launched it), (2) its template arguments
+    and parameter types name no CUTLASS kernel-level component (CUTLASS_COMPONENT:
+    `my_kernel<cutlass::gemm::kernel::GemmUniversal<...>>` runs CUTLASS's GEMM), and (3) its
+    unqualified name is defined in the source. cute:: types anywhere in its arguments change
+    nothing: they are what a CuTe kernel is written with."""
     flags = []
     for name, count in launched:
         if not gpu:
@@ -95,7 +174,9 @@ def classify_launched(launched, own: set[str], *, gpu: bool) -> list[LaunchFlag]
         qualified, base = kernel_base_name(name)
         if LIBRARY_KERNEL.match(qualified):
             flags.append(LaunchFlag(name, count, "library"))
-        elif base not in own:
+        elif CUTLASS_COMPONENT.search(kernel_arguments(name)):
+            flags.append(LaunchFlag(name, count, "library: a CUTLASS kernel under another name"))
+        elif base not in own or (_cpp_shaped(name) and base not in getattr(own, "cpp", own)):
             flags.append(LaunchFlag(name, count, "not in the source"))
     return flags
 

@@ -11,7 +11,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from . import config, reach
@@ -20,13 +22,14 @@ from .build import NOT_YOURS, STUDENT_OBJECT, BuildResult, build_submission, mac
 from .build_cache import BuildCache
 from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
-from .device import DeviceInfo
+from .device import DeviceInfo, device_minor
 from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
-from .procs import Cancelled, CpuSplit, ProcResult, cancel_all, child_env, run_limited, split_cpus
+from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, gpu_worker, run_limited,
+                    set_gpu_workers, split_cpus)
 from .progress import Progress
-from .results import SubmissionResult, write_json_atomic, write_result
+from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
 from .sandbox import Sandbox
 from .status import Status, worst
@@ -54,6 +57,10 @@ class GradeContext:
     precision: tuple[float, float] = (config.PRECISION_FACTOR, config.PRECISION_FLOOR)
     protocol: ProtocolCost = ProtocolCost()   # the protocol's own cost per timed call (calibrate_protocol)
     build_cache: BuildCache | None = None     # CUDA builds reused when unchanged (grader/build_cache.py)
+    # The run's GPUs, one GPU worker each (worker_contexts); `device` is the first, or, in a
+    # worker's context, its own (the `slot`-th). Empty or one: one worker, as before workers.
+    gpus: tuple[DeviceInfo, ...] = ()
+    slot: int = 0
 
     @property
     def device_name(self) -> str:
@@ -61,13 +68,34 @@ class GradeContext:
 
     @property
     def env(self) -> dict:
-        return child_env(cuda=self.device.cuda)
+        """Every child's environment; its CUDA sees only this context's GPU."""
+        return child_env(cuda=self.device.cuda, gpu=self.device.uuid)
+
+    @property
+    def workers(self) -> int:
+        return max(1, len(self.gpus))
 
     @property
     def cpus(self) -> CpuSplit:
         """Where the GPU stages and the builds run (procs.split_cpus): calibration and every timed
-        call see the same quiet CPUs, whatever compiles meanwhile."""
-        return split_cpus(self.limits.gpu_stage_cpus)
+        call see the same quiet CPUs, whatever compiles meanwhile; with several GPU workers, each
+        its own."""
+        if self.workers == 1:
+            return split_cpus(self.limits.gpu_stage_cpus)
+        return split_cpus(self.limits.gpu_stage_cpus, workers=self.workers, slot=self.slot)
+
+    @property
+    def gpu_tag(self) -> str:
+        """'' for the run's first GPU (its results where they always were), 'gpu<index>' for
+        another's copies of the baselines and protocol cost."""
+        return f"gpu{self.device.index}" if self.slot and self.device.index is not None else \
+            (f"gpu-slot{self.slot}" if self.slot else "")
+
+    @property
+    def gpu_ref(self) -> GpuRef | None:
+        """What a result graded in this context records of its GPU."""
+        d = self.device
+        return GpuRef(index=d.index, name=d.name, uuid=d.uuid) if d.cuda else None
 
 
 def now() -> str:
@@ -127,12 +155,14 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
         return _finish(base, Status.NOT_RUN, message, cases=skipped, notes=notes,
                        started=started)
 
+    # The solution is graded on every GPU of the run: each GPU's logs of it apart.
+    log_id = f"{sub.id}.{ctx.gpu_tag}" if ctx.gpu_tag and sub.role is Role.BASELINE else sub.id
     with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
         clock.start("run")
         runs, run_output = run_cases_under_load(sub, build, runnable, ctx, work)
-        _save_log(ctx, sub.id, "run", run_output)
+        _save_log(ctx, log_id, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
             clock.start("check")
@@ -161,7 +191,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
         clock.start("time")
         timed = largest(list(ctx.cases))
         timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
-                                log_name=sub.id)
+                                log_name=log_id)
         clock.stop()
         if isinstance(timed_run, tuple):
             status, message = timed_run
@@ -226,11 +256,13 @@ def tampering_verdict(source: str) -> str:
 
 def source_verdict(sub: Submission, source: str) -> str:
     """The flag's text for what the sources alone show, before anything is built or run: the
-    tampering scan, and for Python the reach audit of every file (grader/reach.py). '' when there
-    is nothing to flag."""
+    tampering scan, for Python the reach audit of every file, for C++ what it includes
+    (grader/reach.py). '' when there is nothing to flag."""
     texts = [tampering_verdict(source)]
     if sub.kind is Kind.PYTHON:
         texts.append(reach.verdict(reach.audit_sources(source, sub.path)))
+    if sub.kind is Kind.CUDA:
+        texts.append(reach.verdict(reach.cpp_includes(source)))
     return "\n".join(t for t in texts if t)
 
 
@@ -387,7 +419,9 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
     """Each case once, driven by the harness; one record per case:
     {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', ...}."""
     record, output = run_harness("run", _target(sub, build), ctx, work, folder=_folder(sub, build),
-                                 deadline_s=ctx.limits.run_s, cases=[c.to_dict() for c in cases])
+                                 deadline_s=ctx.limits.run_s, cases=[c.to_dict() for c in cases],
+                                 case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases}
+                                 if ctx.device.cuda else {})
     if record is None:
         message = f"grader error: the harness failed; tell the instructor\n{output[-3000:]}"
         return {c.id: dict(status="runtime_error", message=message) for c in cases}, output
@@ -408,6 +442,7 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
         record, output = run_harness(
             "time", target, ctx, Path(tmp), folder=folder, deadline_s=ctx.limits.time_s,
             case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
+            coarse_ms=coarse_ms(case, ctx.device),
             protocol=ctx.protocol.to_dict(), precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]))
     if log_name:
         _save_log(ctx, log_name, "time", output)
@@ -421,6 +456,14 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
     return TimedRun(TimingStats.from_dict(record["stats"]), record)
 
 
+def coarse_ms(case: Case, device: DeviceInfo) -> float | None:
+    """The median above which a call is timed coarsely (config.TIMING_COARSE_FRACTION of the
+    GPU's measured matmul peak); None where the peak is unknown."""
+    if not device.matmul_tflops:
+        return None
+    return case.flops / (device.matmul_tflops * 1e12 * config.TIMING_COARSE_FRACTION) * 1e3
+
+
 PROTOCOL_FILE = "_protocol.json"   # the run's ProtocolCost, for the rows a resumed run keeps
 
 
@@ -432,13 +475,17 @@ def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCos
     measured on this GPU for this case: every row of one run has the same cost subtracted."""
     if not ctx.device.cuda:
         return ProtocolCost()
-    saved = ctx.out_dir / PROTOCOL_FILE
-    where = dict(device=ctx.device.name, uuid=getattr(ctx.device, "uuid", None),
+    # One file per GPU: the first GPU's where it always was, another's beside it.
+    saved = ctx.out_dir / (f"_protocol.{ctx.gpu_tag}.json" if ctx.gpu_tag else PROTOCOL_FILE)
+    where = dict(device=ctx.device.name, uuid=ctx.device.uuid or None,
                  case=largest(list(ctx.cases)).id)
     if reuse:
         try:
             earlier = json.loads(saved.read_text())
-            if earlier.get("where") == where:
+            was, now = dict(earlier.get("where") or {}), dict(where)
+            if None in (was.get("uuid"), now["uuid"]):   # written before GPUs had UUIDs here
+                was["uuid"] = now["uuid"] = None
+            if was == now:
                 cost = ProtocolCost.from_dict(earlier.get("cost"))
                 ctx.progress.note(f"protocol cost of the results kept from the earlier run "
                                   f"reused: {cost.idle_ms:.3f} / {cost.busy_ms:.3f} ms")
@@ -510,32 +557,118 @@ def grade_baseline(name: str, ctx: GradeContext) -> SubmissionResult:
 # ---------------------------------------------------------------- all of them
 
 
+def worker_contexts(ctx: GradeContext) -> list[GradeContext]:
+    """One context per GPU worker: its own device (name, UUID, architecture, L2), slot (its CPUs,
+    procs.split_cpus), environment (its children's CUDA sees only its GPU) and sandbox (only its
+    GPU's device node: a submission cannot open another's). One GPU, or none: one worker."""
+    devices = ctx.gpus if len(ctx.gpus) > 1 else (ctx.device,)
+    workers = []
+    for slot, device in enumerate(devices):
+        minor = device_minor(device.uuid) if device.cuda and device.uuid else None
+        if device.cuda and minor is None and len(devices) > 1:
+            ctx.progress.note(f"{device.label}: its device node (/dev/nvidiaN) was not found; "
+                              f"its submissions' processes can open every GPU's node")
+        workers.append(dataclasses.replace(ctx, device=device, slot=slot,
+                                           sandbox=ctx.sandbox.for_gpu(minor),
+                                           progress=ctx.progress if len(devices) == 1
+                                           else ctx.progress.on(device.label)))
+    return workers
+
+
+class _Jobs:
+    """What the GPU workers take, in order: jobs pinned to a worker (a baseline timed on its GPU)
+    first, then the shared queue (students' finished builds: a faster GPU takes more). `pending`
+    counts the builds not finished yet; a worker with nothing to take waits for them, and stops
+    when there are none left, or when the run stops."""
+
+    def __init__(self, workers: int):
+        self.cond = threading.Condition()
+        self.pinned = [deque() for _ in range(workers)]
+        self.shared: deque = deque()
+        self.pending = 0
+        self.stopped = False
+
+    def put(self, jobs: list, *, built: bool = False) -> None:
+        """Queue (slot or None, job) pairs; `built`: a pending build's jobs (or none, if it went)."""
+        with self.cond:
+            for slot, job in jobs:
+                (self.shared if slot is None else self.pinned[slot]).append(job)
+            self.pending -= 1 if built else 0
+            self.cond.notify_all()
+
+    def take(self, slot: int):
+        with self.cond:
+            while True:
+                if self.stopped:
+                    return None
+                if self.pinned[slot]:
+                    return self.pinned[slot].popleft()
+                if self.shared:
+                    return self.shared.popleft()
+                if self.pending <= 0:
+                    return None
+                self.cond.wait()
+
+    def stop(self) -> list:
+        """No worker takes anything more; returns what was still queued."""
+        with self.cond:
+            self.stopped = True
+            left = [job for q in (*self.pinned, self.shared) for job in q]
+            for q in (*self.pinned, self.shared):
+                q.clear()
+            self.cond.notify_all()
+            return left
+
+
 def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str],
               build_jobs: int, force: bool = False, only: set[str] | None = None,
               journal: "RunJournal | None" = None) -> list[SubmissionResult]:
-    """Builds run `build_jobs` at a time; the GPU stages run one submission at a time, in the
-    order the builds finish, on CPUs the builds do not use (GradeContext.cpus). PyTorch baselines
-    are timed while the first builds compile.
+    """Builds run `build_jobs` at a time; the GPU stages run on one GPU worker per GPU of
+    `ctx.gpus` (one worker when it has at most one), each one submission at a time, taking the
+    builds in the order they finish, on CPUs the builds do not use (GradeContext.cpus). Each
+    worker calibrates the protocol on its GPU and times the PyTorch baselines there while the
+    first builds compile; the reference solution is graded on every GPU too. Baselines on the
+    first GPU keep their result files; on another, under baselines/gpu<index>/.
 
     A submission or baseline whose result on disk has this run's key (grader/runs.py) is
     skipped, unless `force`; with `only`, those ids are graded and the others keep what they
     have. `journal` (the run file) learns the roster and every result as it lands. Ctrl-C
     (KeyboardInterrupt) or a GPU failure cancels the queued builds and kills every running
-    child before it propagates; what was finished is on disk. Returns the results graded."""
+    child of every worker before it propagates; what was finished is on disk. Returns the
+    results graded."""
+    workers = worker_contexts(ctx)
+    slot_of = {w.gpu_tag: k for k, w in enumerate(workers)}
     results: list[SubmissionResult] = []
-    entries = plan_run(subs, baselines, ctx, force=force, only=only)
-    by_sub = {id(e.sub): e for e in entries if e.sub is not None}
+    entries = plan_run(subs, baselines, ctx, force=force, only=only,
+                       gpu_copies=tuple(w.gpu_tag for w in workers[1:]))
+    _pin_baselines(entries, workers, slot_of)
+    by_sub: dict[int, list] = {}
+    for e in entries:
+        if e.sub is not None:
+            by_sub.setdefault(id(e.sub), []).append(e)
     if journal is not None:
         journal.plan(entries)
+    if len(entries) != getattr(ctx.progress, "total", len(entries)):
+        ctx.progress.set_total(len(entries))   # each baseline once per GPU
     _announce(entries, ctx.progress, only=only)
+    lock = threading.Lock()
+    stopping = threading.Event()
 
-    def record(result: SubmissionResult, entry) -> None:
-        result = dataclasses.replace(result, key=entry.key)
-        write_result(ctx.out_dir, result)
-        results.append(result)
-        ctx.progress.done(result)
-        if journal is not None:
-            journal.record("graded")
+    def record(result: SubmissionResult, entry, worker: GradeContext | None, *,
+               stopped: bool = False) -> None:
+        """Write a result; `worker`: the one whose GPU graded it. Nothing is written once the
+        run stops (its children were killed: what they left is no verdict), unless `stopped`
+        (a verdict that needed no child: a failed build)."""
+        result = dataclasses.replace(result, key=entry.key,
+                                     gpu=worker.gpu_ref if worker is not None else None)
+        with lock:
+            if stopping.is_set() and not stopped:
+                return
+            write_result(ctx.out_dir, result, path=entry.path)
+            results.append(result)
+            (worker or ctx).progress.done(result)
+            if journal is not None:
+                journal.record("graded")
 
     def build(sub: Submission) -> BuildResult:
         ctx.progress.stage(sub.id, "build")
@@ -555,57 +688,112 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             if journal is not None:
                 journal.record("skipped" if entry.action == "skip" else "kept")
     graded = [e for e in entries if e.action == "grade"]
-    to_build = [e.sub for e in graded if e.sub is not None]
+    to_build = list({id(e.sub): e.sub for e in graded if e.sub is not None}.values())
     # Each folder's sources, read before any of its code runs (own kernel names).
     sources = {id(s): read_sources(s.path) if s.kind is not Kind.INVALID else "" for s in to_build}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs))
-    futures: dict = {}
-    try:
-        futures.update((pool.submit(build, s), s) for s in to_build)
-        if graded:   # while they compile
-            reused = len(graded) < len(entries)   # some results of this run are kept: their cost
-            ctx = dataclasses.replace(ctx, protocol=calibrate_protocol(ctx, reuse=reused))
-        for entry in graded:
-            if entry.sub is None:
-                ctx.progress.stage(entry.id, "time")
-                record(grade_baseline(entry.id, ctx), entry)
-        for future in concurrent.futures.as_completed(futures):
-            sub = futures[future]
+    jobs = _Jobs(len(workers))
+    jobs.pending = len(to_build)
+    jobs.put([(slot_of[e.gpu], ("baseline", e, None, None)) for e in graded if e.sub is None])
+
+    def built(sub: Submission, future: concurrent.futures.Future) -> None:
+        """A build finished: its jobs go to the workers (a student's to any, the solution's
+        each to its own GPU)."""
+        queued = []
+        try:
+            if jobs.stopped or future.cancelled():
+                return
             try:
                 build_result = future.result()
             except Exception as e:   # a grader bug must not stop the other submissions
                 build_result = BuildResult(Status.BUILD_ERROR, "none", 0.0,
                                            message=f"grader error while building: {e!r}")
-            started = time.monotonic()
+            queued = [(slot_of[e.gpu] if e.role == "baseline" else None,
+                       ("submission", e, sub, build_result))
+                      for e in by_sub[id(sub)] if e.action == "grade"]
+        finally:
+            jobs.put(queued, built=True)
+
+    reused = len(graded) < len(entries)   # some results of this run are kept: their cost
+    errors: list[BaseException] = []
+
+    def work(slot: int, worker: GradeContext) -> None:
+        with gpu_worker(slot):
             try:
-                result = grade_submission(sub, build_result, ctx, sources[id(sub)])
-            except (GpuUnhealthy, Cancelled):
-                raise
-            except Exception as e:   # a grader bug: this submission's result says so, then go on
-                result = SubmissionResult(id=sub.id, label=_label(sub), kind=sub.kind.value,
-                                          role=sub.role.value, status=Status.RUNTIME_ERROR,
-                                          message=f"grader error: {e!r}; tell the instructor",
-                                          build=build_result, graded_at=now(),
-                                          wall_s=round(time.monotonic() - started, 2))
-            record(result, by_sub[id(sub)])
+                if graded:   # while the first builds compile
+                    worker = dataclasses.replace(worker, protocol=calibrate_protocol(worker, reuse=reused))
+                while (job := jobs.take(slot)) is not None:
+                    grade_job(job, worker)
+            except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
+                errors.append(e)
+                jobs.stop()
+
+    def grade_job(job, worker: GradeContext) -> None:
+        what, entry, sub, build_result = job
+        if what == "baseline":
+            worker.progress.stage(entry.id, "time")
+            record(grade_baseline(entry.id, worker), entry, worker)
+            return
+        started = time.monotonic()
+        try:
+            result = grade_submission(sub, build_result, worker, sources[id(sub)])
+        except (GpuUnhealthy, Cancelled):
+            raise
+        except Exception as e:   # a grader bug: this submission's result says so, then go on
+            result = SubmissionResult(id=sub.id, label=_label(sub), kind=sub.kind.value,
+                                      role=sub.role.value, status=Status.RUNTIME_ERROR,
+                                      message=f"grader error: {e!r}; tell the instructor",
+                                      build=build_result, graded_at=now(),
+                                      wall_s=round(time.monotonic() - started, 2))
+        record(result, entry, worker if build_result.status is Status.PASS else None)
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs))
+    threads = [threading.Thread(target=work, args=(slot, w), name=f"gpu-worker-{slot}", daemon=True)
+               for slot, w in enumerate(workers)]
+    set_gpu_workers(len(workers))
+    try:
+        for s in to_build:
+            pool.submit(build, s).add_done_callback(lambda f, s=s: built(s, f))
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.25)   # short waits: a Ctrl-C lands here at once
+        if errors:
+            raise errors[0]
     except BaseException:
         # Stop now: nothing queued starts, every child process group dies, then the threads
         # (whose children just died) return at once. Unfinished work has no result on disk;
         # a build that had already failed is a finished verdict, and is written.
-        failed = [f for f in futures if f.done() and not f.cancelled() and f.exception() is None
-                  and f.result().status is not Status.PASS]
+        stopping.set()
+        left = jobs.stop()
         cancel_all()
         pool.shutdown(wait=True, cancel_futures=True)
-        for future in failed:
-            sub = futures[future]
-            if not any(r.id == sub.id and r.role == sub.role.value for r in results):
+        for t in threads:
+            if t.ident is not None:   # started
+                t.join(timeout=60)
+        for what, entry, sub, build_result in left:
+            if what == "submission" and build_result.status is not Status.PASS:
                 try:
-                    record(grade_submission(sub, future.result(), ctx, sources[id(sub)]), by_sub[id(sub)])
+                    record(grade_submission(sub, build_result, ctx, sources[id(sub)]), entry,
+                           None, stopped=True)
                 except Exception:   # stopping: what cannot be written now is graded next time
                     pass
         raise
+    finally:
+        set_gpu_workers(1)
     pool.shutdown(wait=True)
     return results
+
+
+def _pin_baselines(entries, workers: list[GradeContext], slot_of: dict[str, int]) -> None:
+    """A baseline kept from an earlier run is timed again when it was timed on another GPU than
+    the one it stands for now: each GPU's rows are compared with its own baselines."""
+    for e in entries:
+        if e.role != "baseline" or e.action != "skip" or e.existing is None:
+            continue
+        had, want = e.existing.gpu, workers[slot_of[e.gpu]].device.uuid
+        if had is not None and had.uuid and want and had.uuid != want:
+            e.action, e.why = "grade", f"it was timed on another GPU ({had.label}, {had.uuid})"
 
 
 def _announce(entries, progress: Progress, *, only: set[str] | None) -> None:
@@ -622,8 +810,8 @@ def _announce(entries, progress: Progress, *, only: set[str] | None) -> None:
                                                             if none else ""))
     reasons: dict[str, list[str]] = {}
     for e in entries:
-        if e.action == "grade" and e.why:
-            reasons.setdefault(e.why, []).append(e.label)
+        if e.action == "grade" and e.why and e.label not in reasons.get(e.why, ()):
+            reasons.setdefault(e.why, []).append(e.label)   # a baseline once, not once per GPU
     for why, labels in reasons.items():
         shown = ", ".join(labels[:5]) + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")
         progress.note(f"regrading {shown}: {why}")

@@ -7,6 +7,7 @@ counted and dropped, so nothing unbounded reaches memory or disk.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -110,7 +111,35 @@ class CpuSplit:
         return f"GPU stages share CPUs {_cpu_list(self.gpu)} with the builds (none reserved)"
 
 
-def split_cpus(reserve: int, available: Iterable[int] | None = None) -> CpuSplit:
+class _GpuWorkers(threading.local):
+    """How many GPU workers the run has (one per GPU: grader/pipeline.py), and which of them the
+    calling thread is: the callers that ask split_cpus for `.gpu` or `.build` without saying
+    (the checker, a build) get the calling worker's CPUs, or the builds' share."""
+    slot = 0        # this thread's worker (gpu_worker)
+
+
+_WORKERS = _GpuWorkers()
+_WORKER_COUNT = [1]
+
+
+def set_gpu_workers(count: int) -> None:
+    """The number of GPU workers of the run from now on (1 when it ends)."""
+    _WORKER_COUNT[0] = max(1, int(count))
+
+
+@contextlib.contextmanager
+def gpu_worker(slot: int):
+    """The calling thread is GPU worker `slot` while inside: split_cpus gives its CPUs."""
+    previous = getattr(_WORKERS, "slot", 0)
+    _WORKERS.slot = slot
+    try:
+        yield
+    finally:
+        _WORKERS.slot = previous
+
+
+def split_cpus(reserve: int, available: Iterable[int] | None = None, *,
+               workers: int | None = None, slot: int | None = None) -> CpuSplit:
     """Which CPUs the GPU stages keep to themselves and which the builds get, from `available`
     (default: the CPUs this process may run on, os.sched_getaffinity, not os.cpu_count).
 
@@ -119,12 +148,27 @@ def split_cpus(reserve: int, available: Iterable[int] | None = None) -> CpuSplit
     builds get the rest, at least one; CPU 0, which takes most interrupts, stays with the builds.
     With fewer, or `reserve` 0, nothing is reserved: both get them all, and the timed calls share
     the machine with whatever compiles. Hyperthread siblings are not kept apart: a build may run
-    on the other half of a reserved core."""
+    on the other half of a reserved core.
+
+    With several GPU workers (`workers`, default the run's: set_gpu_workers), each keeps
+    `reserve` CPUs of its own (fewer, down to one, when the builds would be left none; none when
+    even that leaves none), worker 0 the highest-numbered, worker 1 the next below, ...; `.gpu`
+    is worker `slot`'s (default the calling thread's: gpu_worker) and `.build` what no worker
+    keeps. One worker: exactly the split above."""
     cpus = tuple(sorted(set(os.sched_getaffinity(0) if available is None else available)))
+    workers = max(1, _WORKER_COUNT[0] if workers is None else workers)
+    slot = getattr(_WORKERS, "slot", 0) if slot is None else slot
     if reserve <= 0 or len(cpus) < config.RESERVE_MIN_CPUS:
         return CpuSplit(gpu=cpus, build=cpus)
-    reserve = min(reserve, len(cpus) - 1)
-    return CpuSplit(gpu=cpus[-reserve:], build=cpus[:-reserve])
+    if workers == 1:
+        reserve = min(reserve, len(cpus) - 1)
+        return CpuSplit(gpu=cpus[-reserve:], build=cpus[:-reserve])
+    reserve = min(reserve, (len(cpus) - 1) // workers)
+    if reserve <= 0:
+        return CpuSplit(gpu=cpus, build=cpus)
+    slot = min(max(0, slot), workers - 1)
+    end = len(cpus) - slot * reserve
+    return CpuSplit(gpu=cpus[end - reserve:end], build=cpus[:len(cpus) - workers * reserve])
 
 
 def default_build_jobs(split: CpuSplit, available_bytes: int | None = None) -> int:
@@ -308,9 +352,11 @@ def kill_group(proc: subprocess.Popen) -> None:
     CHILDREN.remove(proc)
 
 
-def child_env(*, cuda: bool) -> dict:
+def child_env(*, cuda: bool, gpu: str = "") -> dict:
     """Environment of every child the grader starts: the repository importable, no bytecode
-    written into submission folders, and Triton's interpreter when there is no GPU."""
+    written into submission folders, and Triton's interpreter when there is no GPU. `gpu` (a
+    UUID, 'GPU-…'): the one GPU its CUDA sees (a GPU worker's children); not a security boundary
+    (the sandbox's device nodes are: grader/sandbox.py)."""
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", "2")          # ninja inside one build: two sources
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -321,4 +367,6 @@ def child_env(*, cuda: bool) -> dict:
     if not cuda:
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
+    elif gpu:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     return env

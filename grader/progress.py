@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ class Progress:
 
     def __init__(self, total: int, *, live: bool | None = None, stream=None):
         self.total, self.finished = total, 0      # finished: graded + skipped + kept
+        self._lock = threading.RLock()            # GPU workers report from their own threads
         self.graded = self.unchanged = self.kept = self.missing = 0
         self.counts: collections.Counter = collections.Counter()
         self.stream = stream or sys.stderr
@@ -63,10 +65,23 @@ class Progress:
                 self._rich = None
 
     def _line(self, text: str) -> None:
-        if self._rich is not None:
-            self._rich.console.print(text, markup=False, highlight=False)
-        else:
-            print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.stream, flush=True)
+        with self._lock:
+            if self._rich is not None:
+                self._rich.console.print(text, markup=False, highlight=False)
+            else:
+                print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.stream, flush=True)
+
+    def set_total(self, total: int) -> None:
+        """The run's entries, once planned (a run on several GPUs times each baseline on each)."""
+        with self._lock:
+            self.total = total
+            if self._rich is not None:
+                self._rich.update(self._task, total=total)
+
+    def on(self, where: str) -> "OnGpu":
+        """This display as one GPU worker reports to it: its stages, notes and verdicts say
+        where ('GPU 1 (NVIDIA H200)')."""
+        return OnGpu(self, where)
 
     def eta(self) -> str:
         """At the pace of what was graded (a skip takes no time)."""
@@ -80,20 +95,26 @@ class Progress:
         else:
             self._line(f"{sub_id}: {stage}")
 
-    def done(self, result: "SubmissionResult") -> None:
-        self.finished += 1
-        self.graded += 1
-        self.counts[result.status.value] += 1
-        verdict = result.message.splitlines()[0] if result.message else ""
-        eta = self.eta()
-        self._line(f"{result.label}: {result.status.value} - {verdict} ({result.wall_s:.1f}s)"
-                   f" [{self.finished}/{self.total}{', ' + eta if eta else ''}]")
-        if self._rich is not None:
-            self._rich.update(self._task, advance=1)
+    def done(self, result: "SubmissionResult", where: str = "") -> None:
+        with self._lock:
+            self.finished += 1
+            self.graded += 1
+            self.counts[result.status.value] += 1
+            verdict = result.message.splitlines()[0] if result.message else ""
+            eta = self.eta()
+            self._line(f"{result.label}: {result.status.value} - {verdict} ({result.wall_s:.1f}s)"
+                       f"{' on ' + where if where else ''}"
+                       f" [{self.finished}/{self.total}{', ' + eta if eta else ''}]")
+            if self._rich is not None:
+                self._rich.update(self._task, advance=1)
 
     def skipped(self, result: "SubmissionResult | None", sub_id: str, *, kept: bool = False) -> None:
         """Not graded in this run: unchanged since `result` (a line each), or `kept` because
         --only named others (counted; a line only when it has no result, which shows as missing)."""
+        with self._lock:
+            self._skipped(result, sub_id, kept)
+
+    def _skipped(self, result, sub_id: str, kept: bool) -> None:
         self.finished += 1
         if kept:
             self.kept += 1
@@ -135,3 +156,23 @@ class Progress:
         if self.finished or interrupted:
             print(self.summary(interrupted=interrupted, missing=missing), file=self.stream,
                   flush=True)
+
+
+class OnGpu:
+    """A Progress as one GPU worker of several reports to it: each stage, note and verdict
+    names the GPU."""
+
+    def __init__(self, progress: Progress, where: str):
+        self.progress, self.where = progress, where
+
+    def stage(self, sub_id: str, stage: str) -> None:
+        self.progress.stage(sub_id, f"{stage} on {self.where}")
+
+    def note(self, text: str) -> None:
+        self.progress.note(f"{self.where}: {text}")
+
+    def done(self, result: "SubmissionResult", where: str = "") -> None:
+        self.progress.done(result, where or self.where)
+
+    def __getattr__(self, name):
+        return getattr(self.progress, name)

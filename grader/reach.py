@@ -22,8 +22,9 @@ Invariant. A submission is ranked only if
     Python C API, the dynamic linker and PyTorch's wrapper of it, driver entry points and module
     loaders, other processes' memory, threads, files, the profiler, cuBLAS, cuDNN, the
     dispatcher), no plain C function outside C_ALLOWED, no PyTorch operator that computes
-    (at::_ops or a backend namespace, outside DATA_OPS), and its host code has no system call
-    instruction.
+    (at::_ops or a backend namespace, outside DATA_OPS), its host code has no system call
+    instruction, and it compiles no library's kernel (library_kernels: CUTLASS's, by the rule
+    integrity.classify_launched applies to what runs; CuTe-templated kernels are the student's).
 
 What it cannot see, and says so in README: a gadget chain through some public attribute of torch
 or Triton not on these lists, and machine code that finds functions by walking mapped memory
@@ -54,8 +55,8 @@ ALLOWED_IMPORTS = frozenset({
     "__future__", "tilelang", "cutlass"})
 
 # The allowed modules whose attribute paths the audit follows in its own import of them (trusted
-# libraries, imported here without touching the GPU); tilelang and cutlass paths are checked by
-# name only.
+# libraries, imported here without touching the GPU); tilelang's paths are checked against
+# TILELANG_API below, cutlass's by name only.
 RESOLVED_IMPORTS = frozenset({"torch", "triton", "numpy", "math", "cmath", "typing", "functools",
                               "itertools", "dataclasses", "enum", "collections", "abc",
                               "contextlib", "random", "time", "warnings"})
@@ -72,7 +73,7 @@ singledispatchmethod
 f_back f_globals f_locals f_builtins f_code tb_frame tb_next gi_frame cr_frame ag_frame gi_code
 cudart nvtx package sys_importer hub cpp_extension load_inline load_library
 compile_module_from_src load_binary fromfile from_file memmap frombuffer stride_tricks
-serialization
+serialization knobs ir_override
 weights_only allow_pickle pickle_module CUDAPluggableAllocator XPUPluggableAllocator
 change_current_allocator FunctionEvent EventList overrides library mro share_memory_
 set_trace settrace setprofile
@@ -89,6 +90,48 @@ ALLOWED_DUNDERS = frozenset({
     "__init__", "__name__", "__call__", "__len__", "__repr__", "__str__", "__eq__", "__hash__",
     "__post_init__", "__future__", "__all__", "__doc__", "__slots__", "__enter__", "__exit__",
     "__iter__", "__next__", "__getitem__", "__file__", "__version__"})
+
+# TileLang (issue 15). Its JIT compiles the kernel's host side too, and loads it into the subject,
+# so it has ways past the kernel that Triton has not: source text spliced into the compiled module
+# (T.import_source, T.Kernel's prelude, CUDASourceCodeKernel, postprocessing hooks), calls out to
+# any C function or TVM global function from the host code (T.call_extern, T.call_packed, the
+# tvm_* builtins), the compiler's command line (compile_flags: nvcc's -ccbin runs any program),
+# targets that hand work to libraries or the CPU, and its packaged templates (tilelang.carver).
+# The rule: a submission that imports tilelang uses tilelang.<TILELANG_API> only, and
+# tilelang.language (T) without its submodules; no name on TILELANG_REACH appears anywhere in its
+# files, in code, keywords or strings; and no call spreads a dict of keywords (`f(**options)`
+# could spell a keyword the audit never sees). What remains is tile code whose host side TileLang
+# generates itself: a kernel of the student's own, named after its @T.prim_func
+# (integrity.own_kernel_names).
+TILELANG_API = frozenset({"jit", "compile", "language", "cdiv", "next_power_of_2"})
+TILELANG_REACH = frozenset("""
+call_extern call_pure_extern call_packed call_cpacked call_packed_lowered call_cpacked_lowered
+call_intrin call_llvm_intrin call_llvm_pure_intrin llvm_lookup_intrinsic_id call_kernel
+import_source prelude CUDASourceCodeKernel func_attr register_cuda_postproc register_hip_postproc
+register_c_postproc get_global_func target_host compile_flags execution_backend debug_root_path
+pass_configs Call CallEffectKind JITFunc
+""".split())
+# ... and, as a keyword, `target` (a CPU target, or one whose libs hand the work to cuBLAS).
+TILELANG_KEYWORDS = TILELANG_REACH | {"target"}
+# tilelang.language's submodules (0.1.15): T.tir, T.builtin, ... lead past the tile API.
+TILELANG_LANGUAGE_MODULES = frozenset("""
+annotations atomic builtin common copy_op customize dtypes eager experimental fill_op frame
+gemm_op kernel logical loop math_intrinsics meta overrides proxy reduce_op scan_op symbolics
+tile_schedule tir utils warp_specialize""".split())
+_TILELANG_PREFIX = re.compile(r"^(tvm|TVM)")   # tvm_call_packed, TVMBackendAllocWorkspace, ...
+# ... and any name built on one of those (T.annotate_compile_flags, T.annotate_pass_configs,
+# T.anylist_setitem_call_packed), in code or in a string without spaces.
+_TILELANG_PARTS = re.compile(r"compile_flags|pass_config|call_c?packed|extern|import_source|"
+                             r"prelude|postproc|execution_backend|target_host")
+# TileLang's compilers: called with the kernel alone (their positional options are the target,
+# the execution backend, pass configs and compiler flags), never passed around as a value.
+TILELANG_COMPILERS = frozenset({"tilelang.compile", "tilelang.jit"})
+# Strings that name an operator or a global function (T.Call("int32", "tir.call_extern", ...));
+# a docstring that speaks of intrinsics has spaces in it.
+_TILELANG_STRING = re.compile(
+    r"^\S*(extern|packed|intrin|^(tir|tl|tvm|runtime|ffi|target|device_api)\.)\S*$")
+_TILELANG_WHY = ("TileLang's way past the kernel: raw source, host calls, the compiler's command "
+                 "line or the target (grader/reach.py, TILELANG_REACH)")
 
 # The encodings the audit reads a file in; Python honours a file's coding cookie, so any other
 # would make the audited text differ from the code that runs.
@@ -130,13 +173,15 @@ _BACKEND_OP = re.compile(r"^at::(cpu|cuda|meta|mps|xpu)::([a-z0-9_]+)$")
 _BACKEND_HELPERS = frozenset({"warp_size"})
 
 # Plain C symbols (no namespace) an object may import: the CUDA runtime's launch and query calls,
-# the C++ runtime, memory and string functions, printing, allocation and math. Anything else
+# the C++ runtime, memory and string functions, printing, allocation and math. `exit`: nvcc gives
+# every __device__ function that is not inline a host stub that calls exit(1) (CuTe kernels' helpers
+# and plain CUDA's alike); ending the process is what abort already does. Anything else
 # (files, processes, threads, signals, memory mapping, raw system calls) is a way out.
 C_ALLOWED = re.compile(r"""^(
     _GLOBAL_OFFSET_TABLE_ | __dso_handle | __libc_single_threaded | _Unwind_\w+ |
     __gxx_personality_v0 | __cxa_\w+ | __cuda\w+ | __nv\w+ |
     cuda(?!GetDriverEntryPoint|Ipc|Library|GetFuncBySymbol|Profiler)\w+ |
-    atexit | abort | __assert_fail | __stack_chk_fail | __errno_location |
+    atexit | abort | exit | __assert_fail | __stack_chk_fail | __errno_location |
     mem(cpy|move|set|cmp|chr) | __mem(cpy|move|set)_chk |
     str(len|nlen|cmp|ncmp|cpy|ncpy|cat|ncat|chr|rchr|str|dup|tol|toul|tod|tof|toll|toull) |
     (v?s?n?|v?f)printf | __(v?s?n?|v?f)printf_chk | puts | putchar | fputc | fputs | fflush |
@@ -167,6 +212,8 @@ def python_reach(files: dict[str, str]) -> list[ReachFinding]:
     would decode differently (a coding cookie) cannot be cleared; one that does not parse is left
     to the build, where importing it fails with the student's own SyntaxError."""
     own = _own_modules(files)
+    # TileLang's rules hold for every file of a submission that mentions it anywhere.
+    tilelang = any(re.search(r"\btilelang\b", text) for text in files.values())
     findings = []
     for name, text in files.items():
         if not name.endswith(".py"):
@@ -181,7 +228,7 @@ def python_reach(files: dict[str, str]) -> list[ReachFinding]:
             tree = ast.parse(text.removeprefix("\ufeff"), filename=name)
         except (SyntaxError, ValueError):
             continue   # nor can Python run it: importing it fails with the student's own error
-        findings += _Audit(name, own).run(tree)
+        findings += _Audit(name, own, tilelang=tilelang).run(tree)
     return findings
 
 
@@ -215,15 +262,20 @@ def _resolve(path: str):
 
 
 class _Audit(ast.NodeVisitor):
-    def __init__(self, file: str, own: set[str]):
-        self.file, self.own = file, own
+    def __init__(self, file: str, own: set[str], *, tilelang: bool = False):
+        self.file, self.own, self.tilelang = file, own, tilelang
         self.findings: list[ReachFinding] = []
         self.aliases: dict[str, str] = {}    # local name -> the module path it stands for
         self.idiom: set[int] = set()         # ids of '__main__' constants in the main idiom
         self.bases: set[int] = set()         # ids of nodes that are the base of an attribute
+        self.called: set[int] = set()        # ids of nodes called, or used as a decorator
 
     def run(self, tree: ast.AST) -> list[ReachFinding]:
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                self.called.add(id(node.func))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.called |= {id(d) for d in node.decorator_list}
             if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) \
                     and node.left.id == "__name__":
                 self.idiom |= {id(c) for c in node.comparators if isinstance(c, ast.Constant)}
@@ -242,6 +294,27 @@ class _Audit(ast.NodeVisitor):
             self.flag(node, name, "Python's internals: no kernel needs them")
         elif attribute_of is not None and name.startswith("_") and not _DUNDER.match(name):
             self.flag(node, f"{attribute_of}.{name}", "a private attribute: no kernel needs it")
+        elif self.tilelang and (name in TILELANG_REACH or _TILELANG_PREFIX.match(name)
+                                or _TILELANG_PARTS.search(name)):
+            self.flag(node, name, _TILELANG_WHY)
+
+    def check_compiler_use(self, node: ast.AST, path: str | None) -> None:
+        """TileLang's compiler may be called or be a decorator, not be a value: a value can be
+        called later with the positional options visit_Call rules out."""
+        if self.tilelang and path in TILELANG_COMPILERS and id(node) not in self.called:
+            self.flag(node, path, "TileLang's compiler used as a value: call it (or decorate with "
+                      "it) where it is named, with the kernel alone and keywords")
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        path = self._path(func) if isinstance(func, ast.Attribute) else \
+            self.aliases.get(func.id) if isinstance(func, ast.Name) else None
+        if self.tilelang and path in TILELANG_COMPILERS and (
+                len(node.args) > 1 or any(isinstance(a, ast.Starred) for a in node.args)):
+            self.flag(node, f"{path}(...)", "TileLang's compiler takes the kernel alone: its "
+                      "positional options are the target, the execution backend, pass configs "
+                      "and compiler flags (write out_idx= as a keyword)")
+        self.generic_visit(node)
 
     def check_module(self, node: ast.AST, module: str, level: int = 0) -> None:
         if level:   # relative: a file of its own folder, read and audited with the rest
@@ -259,6 +332,14 @@ class _Audit(ast.NodeVisitor):
         (`enum.bltns` is builtins), nor at something that runs a file's code (REACH_PATHS)."""
         if path in REACH_PATHS:
             self.flag(node, path, "runs code from a file or loads native code")
+        parts = path.split(".")
+        if parts[0] == "tilelang" and len(parts) > 1 and (
+                parts[1] not in TILELANG_API or   # tilelang.jit.kernel is a module, not the API
+                (parts[1] != "language" and len(parts) > 2) or
+                (parts[1] == "language" and len(parts) > 2 and parts[2] in TILELANG_LANGUAGE_MODULES)):
+            self.flag(node, path, f"outside TileLang's tile API (allowed: tilelang."
+                      f"{{{', '.join(sorted(TILELANG_API))}}} and tilelang.language without its "
+                      f"submodules)")
         module = _resolve(path)
         if module is not None and module.__name__.split(".")[0] not in ALLOWED_IMPORTS:
             self.flag(node, path, f"is the module {module.__name__}, reached through another module")
@@ -288,16 +369,19 @@ class _Audit(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         self.check_name(node, node.id)
         path = self.aliases.get(node.id)
+        self.check_compiler_use(node, path)
         if path and id(node) not in self.bases and isinstance(node.ctx, ast.Load) \
                 and _resolve(path) is not None:
             self.flag(node, node.id, "a module used as a value (only module.attribute is allowed)")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        self.check_name(node, node.attr,
-                        attribute_of=node.value.id if isinstance(node.value, ast.Name) else "an object")
         path = self._path(node)
+        if path != "tilelang.compile":   # TileLang's compiler, not the builtin
+            self.check_name(node, node.attr,
+                            attribute_of=node.value.id if isinstance(node.value, ast.Name) else "an object")
         if path:
             self.check_path(node, path)
+            self.check_compiler_use(node, path)
             if id(node) not in self.bases and _resolve(path) is not None:
                 self.flag(node, path, "a module used as a value (only module.attribute is allowed)")
         self.generic_visit(node)
@@ -305,6 +389,11 @@ class _Audit(ast.NodeVisitor):
     def visit_keyword(self, node: ast.keyword) -> None:
         if node.arg:
             self.check_name(node, node.arg)
+            if self.tilelang and node.arg in TILELANG_KEYWORDS - TILELANG_REACH:
+                self.flag(node, f"{node.arg}=", _TILELANG_WHY)
+        elif self.tilelang:
+            self.flag(node, "**", "keywords spread from a dict: with TileLang, every keyword must "
+                      "be written out (compile_flags, target, ... are ways past the kernel)")
         self.generic_visit(node)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:   # case C(attr=...) reads attr
@@ -335,7 +424,8 @@ class _Audit(ast.NodeVisitor):
             except SyntaxError:
                 self.flag(node, repr(node.value)[:60], "a string annotation that is not an expression")
                 return
-            inner = _Audit(f"{self.file} line {node.lineno}, annotation", self.own)
+            inner = _Audit(f"{self.file} line {node.lineno}, annotation", self.own,
+                           tilelang=self.tilelang)
             inner.aliases = dict(self.aliases)
             self.findings += inner.run(tree)
 
@@ -346,7 +436,10 @@ class _Audit(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and id(node) not in self.idiom and (
                 node.value in REACH_NAMES or
-                (_DUNDER.match(node.value) and node.value not in ALLOWED_DUNDERS)):
+                (_DUNDER.match(node.value) and node.value not in ALLOWED_DUNDERS) or
+                (self.tilelang and (node.value in TILELANG_KEYWORDS
+                                    or _TILELANG_STRING.search(node.value)
+                                    or (" " not in node.value and _TILELANG_PARTS.search(node.value))))):
             self.flag(node, repr(node.value)[:60], "a string naming a way in")
 
     def _path(self, node: ast.AST) -> str:
@@ -399,6 +492,49 @@ def native_reach(obj: Path) -> list[ReachFinding]:
     if _raw_system_calls(obj):
         findings.append(ReachFinding(obj.name, "syscall instruction",
                                      "a system call made directly, without an import"))
+    findings += library_kernels(obj)
+    return findings
+
+
+def defined_kernels(obj: Path) -> list[str]:
+    """The GPU kernels the object's translation unit defines, demangled. nvcc gives each
+    __global__ function a host stub under the kernel's own mangled name, and a
+    `__device_stub__` function beside it (or, once inlined, its static locals) whose name holds
+    that mangled name, length-prefixed: `74__device_stub__Z17attention_kernel1ILi64E...`."""
+    nm, cxxfilt = shutil.which("nm"), shutil.which("c++filt")
+    if nm is None or cxxfilt is None:
+        raise AuditUnavailable("binutils' nm or c++filt is missing (install binutils)")
+    proc = subprocess.run([nm, "--defined-only", "--format=just-symbols", str(obj)],
+                          capture_output=True, text=True, errors="replace", timeout=120)
+    if proc.returncode != 0:
+        raise AuditUnavailable(f"nm could not read {obj.name}: {proc.stderr.strip()[:300]}")
+    symbols = proc.stdout.split()
+    stubs = "\n".join(s for s in symbols if "__device_stub__" in s)
+    kernels = [s for s in symbols if s.startswith("_Z") and "__device_stub__" not in s
+               and f"{len(s) + 14}__device_stub__{s[1:]}" in stubs]
+    if not kernels:
+        return []
+    proc = subprocess.run([cxxfilt], input="\n".join(kernels), capture_output=True, text=True,
+                          errors="replace", timeout=120)
+    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+
+def library_kernels(obj: Path) -> list[ReachFinding]:
+    """A kernel the translation unit compiled that is a library's, not the student's: in a
+    library's namespace (CUTLASS's device API instantiates cutlass::device_kernel<...>), or a
+    __global__ of the student's wrapping a CUTLASS kernel, collective or epilogue (its template
+    arguments or parameters name one). The same rule as for what the profiler reports
+    (integrity.classify_launched), applied before anything runs. Kernels written with CuTe's
+    types (cute::TiledMMA, cute::Tensor, ...) are the student's own and pass."""
+    from .integrity import CUTLASS_COMPONENT, LIBRARY_KERNEL, kernel_arguments, kernel_base_name
+    findings = []
+    for name in dict.fromkeys(defined_kernels(obj)):
+        qualified = kernel_base_name(name)[0]
+        if LIBRARY_KERNEL.match(qualified) or CUTLASS_COMPONENT.search(kernel_arguments(name)):
+            findings.append(ReachFinding(obj.name, name, "a library's kernel compiled into the "
+                                         "submission (the assignment is to write the kernel: "
+                                         "CuTe's building blocks are fine, CUTLASS's kernels, "
+                                         "collectives and epilogues are not)"))
     return findings
 
 
@@ -446,6 +582,38 @@ def audit_sources(source: str, folder: Path | None = None) -> list[ReachFinding]
     findings = python_reach(files)
     if folder is not None:
         findings += _unread(Path(folder), set(files))
+    return findings
+
+
+# CUTLASS's kernel-level headers: whole GEMM, convolution, reduction and transform kernels, their
+# collectives and epilogues. A kernel of the student's own may use CuTe (cute/...) and CUTLASS's
+# building blocks (cutlass/arch, cutlass/pipeline, numeric types, barriers), none of which
+# includes these; one that includes them can run CUTLASS's GEMM inside a __global__ of its own,
+# where no kernel name shows it (red team, session 7: tests/adversarial/cutlass_wrapped_cu).
+CUTLASS_KERNEL_HEADERS = re.compile(r"^cutlass/(gemm|conv|epilogue|reduction|transform|fmha)/")
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b[ \t]*(.*)$", re.MULTILINE)
+
+
+def cpp_includes(source: str) -> list[ReachFinding]:
+    """What the C++ files of read_sources' text include that no kernel of the student's own
+    needs: CUTLASS's kernel-level headers (CUTLASS_KERNEL_HEADERS, after '..' is resolved), and
+    an include whose file is computed by a macro (it could name one)."""
+    import posixpath
+    from .submission import split_sources
+    findings = []
+    for name, text in split_sources(source).items():
+        if name.endswith(".py"):
+            continue
+        for m in _INCLUDE.finditer(text):
+            where = f"{name or 'source'} line {text.count(chr(10), 0, m.start()) + 1}"
+            target = re.match(r'^[<"]([^>"]*)[>"]', m.group(1).strip())
+            if target is None:
+                findings.append(ReachFinding(where, m.group(0).strip()[:80], "an include whose file "
+                                             "a macro computes: write the header's name"))
+            elif CUTLASS_KERNEL_HEADERS.match(posixpath.normpath(target.group(1))):
+                findings.append(ReachFinding(where, target.group(1), "CUTLASS's kernel-level "
+                                             "headers (GEMM, convolution, collectives, epilogues): "
+                                             "a library's kernel; CuTe and cutlass/arch are fine"))
     return findings
 
 

@@ -20,7 +20,7 @@ from . import config
 from .exports import is_scored, why_no_grades, write_exports
 from .policy import Policy, Score, load_policy
 from .privacy import Redactor
-from .results import SubmissionResult, read_results, write_json_atomic
+from .results import SubmissionResult, read_gpu_copies, read_results, write_json_atomic
 from .roster import Roster, join, load_roster
 from .status import SEVERITY, Status
 
@@ -44,6 +44,7 @@ class Row:
     verdict: str = ""                # the message's first line; hidden shapes masked on public pages
     hidden_passed: int | None = None  # the students' page: hidden cases as a count only
     hidden_total: int | None = None
+    gpu: str = ""                    # 'GPU 1': where it was graded, in a run on several GPUs
 
     @property
     def movement(self) -> int | None:
@@ -68,19 +69,83 @@ def baseline_times(results: list[SubmissionResult]) -> dict[str, float]:
     return {r.id: r.timing.median_ms for r in results if r.role == "baseline" and r.timing}
 
 
+GPU_AGREEMENT_PCT = 2.0   # the issue's bar: the same kernel's median on two GPUs within 2%
+
+
+def run_gpus(run: dict | None) -> list[dict]:
+    """The GPUs a run graded on, one worker each (index, name, uuid, matmul_tflops); [] for a
+    run on one GPU or none, and for runs from before GPU workers."""
+    gpus = (run or {}).get("gpus") or []
+    return gpus if len(gpus) > 1 else []
+
+
+def baselines_by_gpu(results: list[SubmissionResult],
+                     copies: list[SubmissionResult]) -> dict[int, dict[str, float]]:
+    """Each GPU's baseline medians ({index: {baseline id: ms}}): the run's first GPU's from the
+    results, the others' from their copies (results.read_gpu_copies)."""
+    out: dict[int, dict[str, float]] = {}
+    for r in [*results, *copies]:
+        if r.role == "baseline" and r.timing and r.gpu is not None and r.gpu.index is not None:
+            out.setdefault(r.gpu.index, {})[r.id] = r.timing.median_ms
+    return out
+
+
+def gpu_agreement(results: list[SubmissionResult], copies: list[SubmissionResult], run: dict, *,
+                  leave_out: tuple[str, ...] = ()) -> dict | None:
+    """How far the GPUs of a run on several disagree: each baseline's median on each GPU, and
+    its spread (max - min) / min in percent; None for a run on one GPU. `leave_out`: baselines
+    not shown (the solution on the students' page, when it is hidden)."""
+    gpus = run_gpus(run)
+    if not gpus:
+        return None
+    indices = [g.get("index") for g in gpus]
+    by_gpu = baselines_by_gpu(results, copies)
+    labels = {r.id: r.label for r in [*results, *copies]
+              if r.role == "baseline" and r.id not in leave_out and not r.no_result}
+    rows = []
+    for id, label in labels.items():
+        medians = [by_gpu.get(i, {}).get(id) for i in indices]
+        got = [m for m in medians if m]
+        spread = 100 * (max(got) - min(got)) / min(got) if len(got) >= 2 else None
+        rows.append(dict(id=id, label=label, medians=medians, spread_pct=spread))
+    spreads = [r["spread_pct"] for r in rows if r["spread_pct"] is not None]
+    worst = max(spreads) if spreads else None
+    names = ", ".join(f"GPU {g.get('index')}" for g in gpus)
+    if worst is None:
+        line = (f"Graded on {len(gpus)} GPUs ({names}), one submission at a time on each; no "
+                f"baseline was timed on two of them, so whether they agree is not known.")
+    elif worst > GPU_AGREEMENT_PCT:
+        line = (f"The GPUs DISAGREE: the same baseline's median differs by up to {worst:.1f}% "
+                f"between {names} (more than {GPU_AGREEMENT_PCT:g}%). Times from different GPUs "
+                f"are not comparable to that precision: compare each row with the baselines of "
+                f"its own GPU, or regrade on one GPU (--gpus).")
+    else:
+        line = (f"Graded on {len(gpus)} GPUs ({names}), one submission at a time on each; they "
+                f"agree: the same baseline's median differs by at most {worst:.2f}% between "
+                f"them (within {GPU_AGREEMENT_PCT:g}%).")
+    return dict(gpus=[dict(index=g.get("index"), name=g.get("name", ""), uuid=g.get("uuid", ""))
+                      for g in gpus],
+                rows=rows, max_spread_pct=worst, agree=worst is not None and worst <= GPU_AGREEMENT_PCT,
+                line=line)
+
+
 def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
                policy: Policy | None = None, previous: dict[str, int] | None = None,
-               public: bool = False) -> list[Row]:
+               public: bool = False, gpu_copies: list[SubmissionResult] = ()) -> list[Row]:
     """Ranked rows first (by median time, baselines placed among them), then the rest.
     `public`: the student-facing view: pseudonyms, the solution hidden (as the policy says), and
     every result as privacy.Redactor shows it on that page (no hidden case, absolute path or
-    real id; hidden cases only as a count). A run that cannot give grades scores no one."""
+    real id; hidden cases only as a count). A run that cannot give grades scores no one.
+    In a run on several GPUs a row's speedups, percent of peak and score thresholds are its own
+    GPU's (the baselines timed there, `gpu_copies` for GPUs but the first), where there are."""
     policy = policy or Policy(pseudonyms=False, hide_solution=False)
     run = run or {}
     cases = run.get("cases", [])
     peak = run.get("device", {}).get("matmul_tflops") or None
     baselines = baseline_times(results)
-    ref_ms, flash_ms = baselines.get("torch_reference"), baselines.get("sdpa_flash")
+    gpus = run_gpus(run)
+    by_gpu = baselines_by_gpu(results, list(gpu_copies)) if gpus else {}
+    peaks = {g.get("index"): g.get("matmul_tflops") for g in gpus}
     if public and policy.hide_solution:
         results = [r for r in results if not (r.role == "baseline" and r.id == "solution")]
     timed = sorted((r for r in results if r.ranked), key=lambda r: r.timing.median_ms)
@@ -97,6 +162,10 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
         if r.ranked and student:
             rank += 1
         t = r.timing.median_ms if r.ranked else None
+        own = r.gpu.index if (gpus and r.gpu is not None) else None
+        base = {**baselines, **by_gpu.get(own, {})}   # its own GPU's, else the first GPU's
+        ref_ms, flash_ms = base.get("torch_reference"), base.get("sdpa_flash")
+        row_peak = peaks.get(own) or peak
         name = names[r.id] if (public and student and names) else r.label
         shown = redactor.student_result(r, label=name, hidden_detail=False) if public else r
         hidden = [c for c in r.cases if redactor.is_hidden(c)] if public else []
@@ -105,11 +174,12 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
             previous_rank=(previous or {}).get(r.id) if student else None,
             speedup_vs_reference=ref_ms / t if (t and ref_ms) else None,
             speedup_vs_flash=flash_ms / t if (t and flash_ms) else None,
-            percent_of_peak=100 * r.timing.tflops / peak if (t and peak) else None,
-            score=policy.score(r, cases, baselines) if student and grading and is_scored(r) else None,
+            percent_of_peak=100 * r.timing.tflops / row_peak if (t and row_peak) else None,
+            score=policy.score(r, cases, base) if student and grading and is_scored(r) else None,
             verdict=shown.message.splitlines()[0] if shown.message else "",
             hidden_passed=sum(c.status is Status.PASS for c in hidden) if hidden else None,
-            hidden_total=len(hidden) if hidden else None))
+            hidden_total=len(hidden) if hidden else None,
+            gpu=r.gpu.label if (gpus and r.gpu is not None) else ""))
     return rows
 
 
@@ -226,16 +296,23 @@ def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool 
     results = read_results(out_dir) if results is None else results   # the caller's, if read
     current = run_id(run)
     previous, earlier = previous_run(out_dir, current)
-    rows = build_rows(results, run=run, policy=policy, previous=previous)
-    public_rows = build_rows(results, run=run, policy=policy, previous=previous, public=True)
+    copies = read_gpu_copies(out_dir, run) if run_gpus(run) else []   # baselines on other GPUs
+    rows = build_rows(results, run=run, policy=policy, previous=previous, gpu_copies=copies)
+    public_rows = build_rows(results, run=run, policy=policy, previous=previous, public=True,
+                             gpu_copies=copies)
+    gpus = gpu_agreement(results, copies, run)
+    public_gpus = gpu_agreement(results, copies, run,
+                                leave_out=("solution",) if policy.hide_solution else ())
     joined = join(roster, [r for r in rows if r.result.role == "student"]) if roster else None
     paths = dict(summary=out_dir / SUMMARY_FILE, leaderboard=out_dir / "leaderboard.html",
                  students=out_dir / "leaderboard-students.html")
-    write_json_atomic(paths["summary"], summary(rows, run))
+    write_json_atomic(paths["summary"], summary(rows, run, gpus=gpus))
     history = [dict(id=h, href=f"{HISTORY_DIR}/{h}/leaderboard.html") for h in earlier]
-    _write_text_atomic(paths["leaderboard"], render_leaderboard(rows, run, history=history, joined=joined))
+    _write_text_atomic(paths["leaderboard"], render_leaderboard(rows, run, history=history, joined=joined,
+                                                                gpus=gpus))
     _write_text_atomic(paths["students"], render_leaderboard(public_rows, run, history=[], public=True,
-                                                             missing=len(joined.missing) if joined else 0))
+                                                             missing=len(joined.missing) if joined else 0,
+                                                             gpus=public_gpus))
     paths.update(write_exports(out_dir, rows, run, policy, roster=roster))
     if archive:
         keep = out_dir / HISTORY_DIR / current
@@ -245,32 +322,38 @@ def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool 
     return paths
 
 
-def summary(rows: list[Row], run: dict) -> dict:
+def summary(rows: list[Row], run: dict, *, gpus: dict | None = None) -> dict:
     counts = {s.value: 0 for s in Status}
     for row in rows:
         if row.result.role == "student":
             counts[row.result.status.value] += 1
-    return dict(run=run, counts=counts, rows=[dict(
+    extra = dict(gpus=gpus) if gpus else {}
+    return dict(run=run, counts=counts, **extra, rows=[dict(
         rank=r.rank, previous_rank=r.previous_rank, id=r.result.id, label=r.result.label,
         role=r.result.role, status=r.result.status.value, message=r.result.message,
         median_ms=r.result.timing.median_ms if r.result.timing else None,
         tflops=r.result.timing.tflops if r.result.timing else None,
         speedup_vs_reference=r.speedup_vs_reference, speedup_vs_flash=r.speedup_vs_flash,
         percent_of_peak=r.percent_of_peak,
-        score=r.score.total if r.score else None) for r in rows])
+        score=r.score.total if r.score else None,
+        **(dict(gpu=r.result.gpu.index) if r.gpu else {})) for r in rows])
 
 
 def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], public: bool = False,
-                       joined=None, missing: int = 0) -> str:
+                       joined=None, missing: int = 0, gpus: dict | None = None) -> str:
     """The page. `public`: the students' page (its rows from build_rows(public=True)), notes
-    scrubbed of paths; `joined`: the roster join, listed on the instructors' page."""
+    scrubbed of paths; `joined`: the roster join, listed on the instructors' page; `gpus`: a run
+    on several GPUs (gpu_agreement): a GPU column, and how far the GPUs disagree."""
     notes = scope_notes(run, public=public)
+    if gpus:
+        notes.append(gpus["line"])
     if public:
         notes = [Redactor.for_run(run).text(n) for n in notes]
     missing = len(joined.missing) if joined else missing
     return environment().get_template("leaderboard.html.j2").render(
         rows=rows, run=run, cases=run["cases"], notes=notes, Status=Status, chart=chart(rows),
-        history=history, public=public, joined=joined, counts_line=counts_line(rows, missing))
+        history=history, public=public, joined=joined, counts_line=counts_line(rows, missing),
+        gpus=gpus)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -279,11 +362,22 @@ def _write_text_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def text_table(rows: list[Row], *, width: int | None = None, missing: int = 0) -> str:
+def terminal_table(out_dir: Path, results: list[SubmissionResult], run: dict) -> str:
+    """text_table of a run's results, with the GPU column and agreement of a run on several."""
+    copies = read_gpu_copies(out_dir, run) if run_gpus(run) else []
+    return text_table(build_rows(results, run=run, gpu_copies=copies),
+                      gpus=gpu_agreement(results, copies, run))
+
+
+def text_table(rows: list[Row], *, width: int | None = None, missing: int = 0,
+               gpus: dict | None = None) -> str:
     """The leaderboard as plain text, for terminals, logs and notes: verdicts wrapped at word
-    boundaries under their column, never cut, and a last line with the count of each status."""
+    boundaries under their column, never cut, and a last line with the count of each status.
+    `gpus` (gpu_agreement of a run on several GPUs): a GPU column, and each baseline's median
+    on each GPU with how far they disagree."""
+    gpu_col = f"{'gpu':>5} " if gpus else ""
     head = (f"{'#':>3}  {'submission':24} {'status':13} {'cases':>5} {'median ms':>10} "
-            f"{'TFLOP/s':>8} {'vs ref':>7} {'wall s':>7}  verdict")
+            f"{'TFLOP/s':>8} {'vs ref':>7} {'wall s':>7} {gpu_col} verdict")
     indent = head.index("verdict")
     width = width or shutil.get_terminal_size((120, 24)).columns
     out = [head, "-" * max(len(head), width)]
@@ -296,7 +390,7 @@ def text_table(rows: list[Row], *, width: int | None = None, missing: int = 0) -
                 f"{(f'{r.timing.median_ms:.3f}' if r.timing else ''):>10} "
                 f"{(f'{r.timing.tflops:.1f}' if r.timing else ''):>8} "
                 f"{(f'{row.speedup_vs_reference:.2f}x' if row.speedup_vs_reference else ''):>7} "
-                f"{r.wall_s:7.1f}  ")
+                f"{r.wall_s:7.1f} " + (f"{_gpu_index(row):>5} " if gpus else "") + " ")
         verdict = textwrap.wrap(row.verdict, max(30, width - indent), break_long_words=False,
                                 break_on_hyphens=False) or [""]
         out.append(line + verdict[0])
@@ -305,5 +399,23 @@ def text_table(rows: list[Row], *, width: int | None = None, missing: int = 0) -
     if peak:
         out.append(f"\npeak GPU memory of a correctness check (reference + comparison): "
                    f"{peak / 2**30:.2f} GiB")
+    if gpus:
+        out.append("\nper GPU, median ms of each baseline:")
+        out.append(f"  {'baseline':24} " + " ".join(f"{'GPU ' + str(g['index']):>10}" for g in gpus["gpus"])
+                   + f" {'spread':>8}")
+        for b in gpus["rows"]:
+            out.append(f"  {b['label'][:24]:24} "
+                       + " ".join(f"{(f'{m:.3f}' if m else '-'):>10}" for m in b["medians"])
+                       + f" {_pct(b['spread_pct']):>8}")
+        out.append(gpus["line"])
     out.append("\n" + counts_line(rows, missing))
     return "\n".join(out)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}%"
+
+
+def _gpu_index(row: Row) -> str:
+    gpu = row.result.gpu
+    return str(gpu.index) if row.gpu and gpu is not None and gpu.index is not None else ""

@@ -31,6 +31,29 @@ class RunFileError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class GpuRef:
+    """The GPU a result was graded on: its CUDA index in the grading run, name and UUID."""
+    index: int | None
+    name: str
+    uuid: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index}" if self.index is not None else self.name
+
+    def to_dict(self) -> dict:
+        return dict(index=self.index, name=self.name, uuid=self.uuid)
+
+    @classmethod
+    def from_dict(cls, d) -> "GpuRef | None":
+        if not isinstance(d, dict):
+            return None
+        index = d.get("index")
+        return cls(index=index if isinstance(index, int) else None, name=str(d.get("name", "")),
+                   uuid=str(d.get("uuid", "")))
+
+
+@dataclasses.dataclass(frozen=True)
 class SubmissionResult:
     id: str
     label: str                  # display name: the student's id, or a baseline's name
@@ -52,6 +75,9 @@ class SubmissionResult:
     no_result: str = ""          # a placeholder for a roster entry with no usable result: why
     # Seconds in each stage it went through, in order: build, run, check, time (throughput).
     stage_s: tuple[tuple[str, float], ...] = ()
+    # The GPU its run, check and timing ran on (a run on several GPUs: one worker each); None
+    # without a GPU, and in results written before GPU workers.
+    gpu: GpuRef | None = None
 
     @property
     def launched(self) -> tuple[str, tuple[tuple[str, int], ...]] | None:
@@ -70,7 +96,8 @@ class SubmissionResult:
                     cases=[c.to_dict() for c in self.cases], timed_case=self.timed_case,
                     timing=self.timing.to_dict() if self.timing else None,
                     notes=list(self.notes), wall_s=self.wall_s, graded_at=self.graded_at,
-                    key=dict(self.key), stage_s=dict(self.stage_s))
+                    key=dict(self.key), stage_s=dict(self.stage_s),
+                    **(dict(gpu=self.gpu.to_dict()) if self.gpu else {}))
 
     @classmethod
     def from_dict(cls, d: dict) -> "SubmissionResult":
@@ -88,7 +115,8 @@ class SubmissionResult:
                    notes=tuple(d.get("notes", ())), wall_s=d.get("wall_s", 0.0),
                    graded_at=d.get("graded_at", ""),
                    key=tuple(sorted((str(k), str(v)) for k, v in (d.get("key") or {}).items())),
-                   stage_s=tuple((str(k), float(v)) for k, v in (d.get("stage_s") or {}).items()))
+                   stage_s=tuple((str(k), float(v)) for k, v in (d.get("stage_s") or {}).items()),
+                   gpu=GpuRef.from_dict(d.get("gpu")))
 
 
 _BUILD_FIELDS = {f.name for f in dataclasses.fields(BuildResult)}
@@ -109,10 +137,12 @@ def write_json_atomic(path: Path, data) -> None:
         raise
 
 
-def path_for(out_dir: Path, id: str, role: str) -> Path:
-    """Where the result of submission `id` lives (baselines, the solution among them, apart)."""
+def path_for(out_dir: Path, id: str, role: str, gpu: str = "") -> Path:
+    """Where the result of submission `id` lives (baselines, the solution among them, apart).
+    `gpu` (a run on several GPUs): a baseline's copy timed on another GPU than the run's first,
+    under baselines/<gpu>/ ('gpu1'), where nothing that reads baselines/*.json finds it."""
     if role == "baseline":
-        return out_dir / "baselines" / f"{id}.json"
+        return out_dir / "baselines" / gpu / f"{id}.json" if gpu else out_dir / "baselines" / f"{id}.json"
     return out_dir / f"{id}.json"
 
 
@@ -120,10 +150,11 @@ def result_path(out_dir: Path, result: SubmissionResult) -> Path:
     return path_for(out_dir, result.id, result.role)
 
 
-def write_result(out_dir: Path, result: SubmissionResult) -> Path:
+def write_result(out_dir: Path, result: SubmissionResult, *, path: Path | None = None) -> Path:
+    """Write `result` where it lives (`path`: a per-GPU baseline copy's, from path_for)."""
     if result.no_result:
         raise ValueError(f"{result.id}: a placeholder ({result.no_result}) is never written")
-    path = result_path(out_dir, result)
+    path = path or result_path(out_dir, result)
     write_json_atomic(path, result.to_dict())
     return path
 
@@ -206,6 +237,8 @@ def read_results(out_dir: Path, run: dict | None = None) -> list[SubmissionResul
         return _every_result(out_dir)
     results = []
     for entry in run["roster"]:
+        if entry.get("gpu"):   # a baseline's copy on another GPU: read_gpu_copies
+            continue
         path = out_dir / entry["result"]
         try:
             result = load_result(path)
@@ -220,6 +253,25 @@ def read_results(out_dir: Path, run: dict | None = None) -> list[SubmissionResul
             continue
         results.append(result)
     return results
+
+
+def read_gpu_copies(out_dir: Path, run: dict | None = None) -> list[SubmissionResult]:
+    """The baselines a run on several GPUs timed on each GPU but its first (roster entries with
+    a 'gpu'), each result carrying its GPU; an entry with no usable result of the run's key is
+    left out (the page shows that GPU's median as missing)."""
+    if run is None:
+        run = read_run(out_dir, complete=False) if (out_dir / RUN_FILE).exists() else {}
+    copies = []
+    for entry in run.get("roster") or []:
+        if not (isinstance(entry, dict) and entry.get("gpu")):
+            continue
+        try:
+            result = load_result(out_dir / entry["result"])
+        except (ResultUnreadable, KeyError):
+            continue
+        if not entry.get("key") or key_digest(result.key) == entry["key"]:
+            copies.append(result)
+    return copies
 
 
 def _every_result(out_dir: Path) -> list[SubmissionResult]:

@@ -52,7 +52,7 @@ def _digest(obj) -> str:
 # Modules that render, export or keep the books, and decide no result: a change to them
 # re-renders the pages but regrades nothing.
 NOT_IN_RESULTS = frozenset({"report.py", "exports.py", "gradescope.py", "feedback.py", "privacy.py",
-                            "roster.py", "progress.py", "locks.py", "reaper.py"})
+                            "roster.py", "progress.py", "locks.py", "reaper.py", "slurm.py"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,25 +133,30 @@ class Entry:
     existing: SubmissionResult | None = None
     why: str = ""                    # why it is regraded, or why its result cannot be used
     sub: object = None               # the Submission; None for a PyTorch baseline
+    gpu: str = ""                    # a baseline's copy timed on another GPU ('gpu1'; pipeline)
 
     def roster(self, out_dir: Path) -> dict:
         return dict(id=self.id, role=self.role, kind=self.kind, label=self.label,
                     result=str(self.path.relative_to(out_dir)),
-                    key=key_digest(self.key) if self.action != "keep" else None)
+                    key=key_digest(self.key) if self.action != "keep" else None,
+                    **(dict(gpu=self.gpu) if self.gpu else {}))
 
 
 def plan_run(subs, baselines: list[str], ctx, *, force: bool = False,
-             only: set[str] | None = None) -> list[Entry]:
+             only: set[str] | None = None, gpu_copies: tuple[str, ...] = ()) -> list[Entry]:
     """What this run does with each submission and baseline: grade it, skip it (its result has
-    this run's key), or keep it (`only` names others)."""
+    this run's key), or keep it (`only` names others). `gpu_copies` (a run on several GPUs):
+    every baseline has an entry more for each, timed on that GPU (Entry.gpu)."""
     common = context_key(ctx)
     entries = []
-    items = [(name, "baseline", "builtin", None) for name in baselines]
-    items += [(s.id, s.role.value, s.kind.value, s) for s in subs]
-    for id, role, kind, sub in items:
+    items = [(name, "baseline", "builtin", None, gpu) for name in baselines
+             for gpu in ("", *gpu_copies)]
+    items += [(s.id, s.role.value, s.kind.value, s, gpu) for s in subs
+              for gpu in (("", *gpu_copies) if s.role.value == "baseline" else ("",))]
+    for id, role, kind, sub, gpu in items:
         source = folder_digest(sub.path) if sub is not None else _digest(["builtin", id])
         key = tuple(sorted({**common, "source": source}.items()))
-        path = path_for(ctx.out_dir, id, role)
+        path = path_for(ctx.out_dir, id, role, gpu)
         label = BASELINES[id].label if sub is None else \
             ("Reference solution" if role == "baseline" else id)
         existing, why = None, ""
@@ -172,7 +177,7 @@ def plan_run(subs, baselines: list[str], ctx, *, force: bool = False,
             action, why = "grade", "the grading machine or the grader failed on it last time"
         else:
             action = "skip"
-        entries.append(Entry(id, role, kind, label, path, key, action, existing, why, sub))
+        entries.append(Entry(id, role, kind, label, path, key, action, existing, why, sub, gpu))
     return entries
 
 
@@ -295,15 +300,33 @@ def clean_stale_scratch(bases: list[Path], *, min_age_s: float = 600) -> list[Pa
 # ---------------------------------------------------------------- the session
 
 
+WORKERS_FILE = ".grader.workers"   # in a results folder: the token of the run its workers serve
+
+
+def admitted(out_dir: Path) -> str:
+    """The token of the run whose workers may grade into `out_dir` (written by that run, under the
+    folder's lock: grader/slurm.py), or ''."""
+    try:
+        token = json.loads((Path(out_dir) / WORKERS_FILE).read_text()).get("token")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return token if isinstance(token, str) else ""
+
+
 class RunSession:
     """Everything a run holds while it grades, released when it ends: the results folder's lock
     and the GPU's, a scratch folder of its own, the reaper that cleans up after a kill -9, and a
     SIGTERM/SIGHUP that stop the run as Ctrl-C does."""
 
-    def __init__(self, out_dir: Path, *, device):
+    def __init__(self, out_dir: Path, *, device, worker_of: str | None = None, gpus=()):
         self.out_dir, self.device = Path(out_dir), device
-        self.locks = [folder_lock(self.out_dir)]
-        if device.cuda:
+        # A worker of the run that holds the folder's lock (grader/slurm.py) takes no folder lock
+        # and cleans nothing in the folder; it opens only while the folder admits `worker_of`.
+        self.worker_of = worker_of
+        self.locks = [] if worker_of else [folder_lock(self.out_dir)]
+        if device.cuda and gpus:   # one lock per GPU of the run's set (their UUIDs)
+            self.locks += [gpu_lock(g.uuid or f"index{g.index}", g.name) for g in gpus]
+        elif device.cuda:
             self.locks.append(gpu_lock(gpu_identity(), device.name))
         self.token = secrets.token_hex(8)
         self.scratch: Path | None = None
@@ -315,6 +338,9 @@ class RunSession:
     def open(self) -> "RunSession":
         """Take the locks (LockHeld if another run holds one), then set up scratch and reaper."""
         global _SCRATCH
+        if self.worker_of and admitted(self.out_dir) != self.worker_of:
+            raise LockHeld(f"{self.out_dir} admits no worker of run {self.worker_of}: that run has "
+                           f"ended, or another run holds the folder")
         taken = []
         try:
             for lock in self.locks:
@@ -327,8 +353,8 @@ class RunSession:
                 lock.release()
             raise
         # Only the folders this run writes: another run (`check`) may be writing in a subfolder.
-        half = [p for folder in (self.out_dir, self.out_dir / "baselines")
-                for p in folder.glob(".*.tmp") if p.is_file()]
+        half = [] if self.worker_of else [p for folder in (self.out_dir, self.out_dir / "baselines")
+                                          for p in folder.glob(".*.tmp") if p.is_file()]
         for path in half:   # a write a killed run never finished (the lock says none is running)
             path.unlink(missing_ok=True)
         if half:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -31,6 +32,7 @@ from . import config
 MODES = ("auto", "require", "off")   # GRADER_SANDBOX: auto = use it when it works
 TMPFS_BYTES = 8 << 30   # each scratch tmpfs (nvcc's temporary files go to /tmp)
 NOBODY = 65534          # the uid and gid sandboxed processes run as when the grader is root
+_GPU_NODE = re.compile(r"nvidia\d+")   # one GPU's node; nvidiactl, nvidia-uvm, ... are shared
 
 
 def drop_privileges() -> list[str]:
@@ -65,6 +67,23 @@ class Sandbox:
     reason: str = ""                   # why not, when bwrap is None
     readable: tuple[str, ...] = ()     # read-only inside; nothing else of the host exists
     scratch: tuple[str, ...] = ()      # empty tmpfs inside
+    # The GPU nodes (/dev/nvidiaN) a process may open: a GPU worker's one GPU (for_gpu). None:
+    # every GPU's. The driver's shared nodes (nvidiactl, nvidia-uvm, ...) are always there.
+    gpu_nodes: tuple[str, ...] | None = None
+
+    def for_gpu(self, minor: int | None) -> "Sandbox":
+        """This sandbox for one GPU worker: of the GPUs' own nodes only /dev/nvidia<minor>, so
+        that a submission cannot reach another worker's GPU whatever CUDA_VISIBLE_DEVICES says
+        (`minor`: device.device_minor; None, unknown: every GPU's node, as without workers)."""
+        return self if minor is None else dataclasses.replace(self, gpu_nodes=(f"/dev/nvidia{minor}",))
+
+    def device_nodes(self) -> list[str]:
+        """The device nodes bound into the sandbox: the NVIDIA driver's, and /dev/dri."""
+        nodes = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))
+        if self.gpu_nodes is None:
+            return nodes
+        return [n for n in nodes if not _GPU_NODE.fullmatch(os.path.basename(n))
+                or n in self.gpu_nodes]
 
     @property
     def active(self) -> bool:
@@ -79,7 +98,7 @@ class Sandbox:
         args = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--die-with-parent", "--new-session"]
         args += ["--dev", "/dev", "--proc", "/proc"]
-        for node in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri")):
+        for node in self.device_nodes():
             args += ["--dev-bind", node, node]
         for path in self.scratch:   # size-capped, anyone may write: writes vanish with the process
             args += ["--perms", "1777", "--size", str(TMPFS_BYTES), "--tmpfs", path]

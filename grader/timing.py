@@ -26,7 +26,7 @@ class TimingStats:
     tflops: float             # 4·B·H·S²·D / median
     warmup_calls: int
     budget_s: float
-    stopped_by: str           # 'rse', 'budget' or 'max_reps'
+    stopped_by: str           # 'rse', 'coarse' (config.TIMING_COARSE_*), 'budget' or 'max_reps'
     wall_s: float             # wall-clock time of the timed loop
     wall_median_ms: float = 0.0    # the harness's host clock alone: "go" to the reply
     fence_median_ms: float = 0.0   # the harness's GPU clock alone: to its first GPU work after the reply

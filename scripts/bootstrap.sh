@@ -10,8 +10,11 @@
 #  - Everything the bundled examples and tests need is installed by default: numpy (a
 #    dependency), Triton where a wheel exists for this machine (its interpreter runs Triton
 #    submissions on a CPU: TRITON_INTERPRET=1), Playwright where a chromium is installed (the
-#    browser test of the page). WITH_TRITON / WITH_BROWSER: auto (default), 1 (required: fail
-#    without it), 0 (not installed).
+#    browser test of the page), TileLang where a wheel exists (Linux, Python >= 3.10; without a GPU
+#    it compiles TileLang submissions for the course GPU with nvcc and does not run them).
+#    WITH_TRITON / WITH_TILELANG / WITH_BROWSER: auto (default), 1 (required: fail without it),
+#    0 (not installed). Offline, TileLang needs these wheels in ./.whl (for the machine's Python):
+#    tilelang, apache-tvm-ffi, torch-c-dlpack-ext, z3-solver, ml-dtypes, cloudpickle, psutil, tqdm.
 #  - The stamp ($STAMP, default .venv/.ready; the Makefile names it after the knobs' values) is
 #    written last, with the knobs in it: a failed or interrupted set-up leaves none.
 #  - Without a CUDA build of torch, nvcc compile checks need the cuBLAS/cuSPARSE/cuSOLVER
@@ -22,10 +25,11 @@ cd "$(dirname "$0")/.."
 BASE_PYTHON=${BASE_PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 WITH_TRITON=${WITH_TRITON:-auto}
+WITH_TILELANG=${WITH_TILELANG:-auto}
 WITH_BROWSER=${WITH_BROWSER:-auto}
 VENV=.venv
 STAMP=${STAMP:-$VENV/.ready}
-for knob in "WITH_TRITON=$WITH_TRITON" "WITH_BROWSER=$WITH_BROWSER"; do
+for knob in "WITH_TRITON=$WITH_TRITON" "WITH_TILELANG=$WITH_TILELANG" "WITH_BROWSER=$WITH_BROWSER"; do
     case "${knob#*=}" in auto|0|1) ;; *) echo "bootstrap: $knob: use auto, 1 or 0" >&2; exit 2 ;; esac
 done
 rm -f "$VENV"/.ready "$VENV"/.ready-*   # set-up is not done until it is done
@@ -112,6 +116,34 @@ if [ "$WITH_TRITON" != 0 ] && ! "$PY" -c "import triton" 2>/dev/null; then
     extra triton "$WITH_TRITON" "Triton submissions run on its CPU interpreter without a GPU" \
         "Triton submissions get environment_error (not graded) here"
 fi
+# TileLang: the bundled TileLang example and TileLang submissions. It has no CPU interpreter:
+# without a GPU its kernels are lowered and compiled for the course GPU (nvcc), not run.
+if [ "$WITH_TILELANG" != 0 ] && ! "$PY" -c "import tilelang" 2>/dev/null; then
+    extra tilelang "$WITH_TILELANG" "TileLang submissions; without a GPU they are compiled, not run" \
+        "TileLang submissions get environment_error (not graded) here"
+fi
+# CUTLASS/CuTe headers (the CuTe track): pyproject's `cute` extra, the nvidia-cutlass wheel, with
+# --no-deps: the grader reads only the headers it ships, never its Python package. Wanted on every
+# machine; one that cannot get it (offline without it in ./.whl) is told so, and CuTe submissions
+# then get environment_error there. A pin that changes in pyproject reinstalls it.
+CUTE_SPEC=$("$PY" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies']['cute']))")
+if ! "$PY" - $CUTE_SPEC <<'PYEOF'
+import importlib.metadata as md, re, sys
+try:
+    installed = md.version(re.split(r"[<>=!~ ]", sys.argv[1], maxsplit=1)[0])
+except md.PackageNotFoundError:
+    sys.exit(1)
+try:   # the pin, as pip reads it; a venv without pip: any installed version will do
+    from pip._vendor.packaging.requirements import Requirement
+except ImportError:
+    sys.exit(0)
+sys.exit(0 if Requirement(sys.argv[1]).specifier.contains(installed, prereleases=True) else 1)
+PYEOF
+then
+    echo "bootstrap: installing $CUTE_SPEC (CUTLASS/CuTe headers for the CuTe track)"
+    $PIP install -q --no-deps $PIP_SRC $CUTE_SPEC \
+        || echo "bootstrap: WARNING: $CUTE_SPEC could not be installed on this machine; CuTe submissions get environment_error (not graded) here" >&2
+fi
 # Playwright: drives the system's chromium in the browser test of the page.
 if [ "$WITH_BROWSER" = 1 ] || { [ "$WITH_BROWSER" = auto ] && { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1; }; then
     if ! "$PY" -c "import playwright" 2>/dev/null; then
@@ -149,5 +181,9 @@ if [ "$WITH_TRITON" != 0 ] && "$PY" -c "import triton" 2>/dev/null; then
     echo "bootstrap: Triton $("$PY" -c 'import triton; print(triton.__version__)') installed:" \
          "Triton submissions run on its interpreter where there is no GPU (TRITON_INTERPRET=1)"
 fi
-printf '%s\n' "${KNOBS:-base=$BASE_PYTHON torch=$TORCH_SPEC triton=$WITH_TRITON browser=$WITH_BROWSER}" > "$STAMP"
+if [ "$WITH_TILELANG" != 0 ] && "$PY" -c "import tilelang" 2>/dev/null; then
+    echo "bootstrap: TileLang $("$PY" -c 'import tilelang; print(tilelang.__version__)' 2>/dev/null) installed:" \
+         "where there is no GPU, TileLang submissions are compiled for the course GPU (nvcc), not run"
+fi
+printf '%s\n' "${KNOBS:-base=$BASE_PYTHON torch=$TORCH_SPEC triton=$WITH_TRITON tilelang=$WITH_TILELANG browser=$WITH_BROWSER}" > "$STAMP"
 echo "bootstrap: ready ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'))"

@@ -39,12 +39,16 @@ FILES = [
     ("student/Makefile", "student/Makefile"),
     ("student/submission.cu", "student/submission.cu"),
     ("student/triton/submission.py", "student/triton/submission.py"),
+    ("student/tilelang/submission.py", "student/tilelang/submission.py"),
+    ("student/cute/submission.cu", "student/cute/submission.cu"),
 ]
 PACKAGES = ["grader"]   # every .py below these
 # The pristine skeletons, which grader/hints.py compares a student's file with: students edit
 # student/ itself, so the kit keeps a copy of its own inside the grader.
 SKELETONS = [("student/submission.cu", "grader/skeleton/submission.cu"),
-             ("student/triton/submission.py", "grader/skeleton/submission.py")]
+             ("student/triton/submission.py", "grader/skeleton/submission.py"),
+             ("student/tilelang/submission.py", "grader/skeleton/tilelang_submission.py"),
+             ("student/cute/submission.cu", "grader/skeleton/cute_submission.cu")]
 
 # Lines of the grader that name instructor-only paths or describe the hidden cases, rewritten in
 # the copy that ships: (file in the release, text, replacement). A line that changed upstream is
@@ -72,8 +76,10 @@ DISCLOSED = dict(seq_len={1}, head_dim={64, 128})
 ALLOWED = ["README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "test_cases/test.txt",
            "test_cases/cpu.txt",
            "templates/*.j2", "student/README.md", "student/Makefile", "student/submission.cu",
-           "student/triton/submission.py", "grader/*.py", "grader/checks/*.py",
-           "grader/skeleton/submission.cu", "grader/skeleton/submission.py"]
+           "student/cute/submission.cu", "student/triton/submission.py",
+           "student/tilelang/submission.py", "grader/*.py", "grader/checks/*.py",
+           "grader/skeleton/submission.cu", "grader/skeleton/submission.py",
+           "grader/skeleton/tilelang_submission.py", "grader/skeleton/cute_submission.cu"]
 
 
 def release_files() -> list[tuple[Path, str]]:

@@ -16,6 +16,14 @@ REPO = config.REPO_ROOT
 EXAMPLES = REPO / "examples"
 
 
+def ctrl_c_reaches_it() -> None:
+    """preexec_fn for a grader a test will Ctrl-C: SIGINT as a terminal gives it. A test run
+    started in the background by a non-interactive shell inherits SIGINT ignored, and Python
+    leaves an ignored SIGINT ignored (no KeyboardInterrupt ever comes)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def has_nvcc() -> bool:
     from grader.device import find_nvcc
     return find_nvcc() is not None

@@ -222,8 +222,10 @@ def test_a_knob_change_reruns_set_up():
     assert "WITH_TRITON='auto'" in default and "WITH_BROWSER='auto'" in default
     stamps = {_stamp(default), _stamp(_make_dry_run("-B", "env", "WITH_TRITON=0")),
               _stamp(_make_dry_run("-B", "env", "TORCH_SPEC=torch==2.12.0")),
-              _stamp(_make_dry_run("-B", "env", "WITH_BROWSER=1"))}
-    assert len(stamps) == 4 and all(s.startswith(".venv/.ready-") for s in stamps)
+              _stamp(_make_dry_run("-B", "env", "WITH_BROWSER=1")),
+              _stamp(_make_dry_run("-B", "env", "WITH_TILELANG=0"))}
+    assert "WITH_TILELANG='auto'" in default
+    assert len(stamps) == 5 and all(s.startswith(".venv/.ready-") for s in stamps)
 
 
 def test_ci_installs_nothing_the_readme_does_not_and_clean_keeps_results():

@@ -3,13 +3,14 @@ case, deadlines, and a subject that writes on the grader's pipe (no sandbox need
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
 
 import torch
 
-from grader import harness
+from grader import config, harness
 from grader.cases import Case
 from grader.pipeline import SUBJECT
 from grader.procs import child_env
@@ -18,14 +19,14 @@ from grader.text import clean
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
 
 
-def run(tmp_path, source: str, deadline_s: float = 60) -> dict:
+def run(tmp_path, source: str, deadline_s: float = 60, **fields) -> dict:
     folder = tmp_path / "sub"
     folder.mkdir()
     (folder / "submission.py").write_text(textwrap.dedent(source))
     spec = dict(mode="run", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=deadline_s, out_dir=str(tmp_path),
-                env=child_env(cuda=False), cases=[c.to_dict() for c in CASES])
+                env=child_env(cuda=False), cases=[c.to_dict() for c in CASES], **fields)
     return harness.run_cases(spec)
 
 
@@ -68,6 +69,29 @@ def test_a_hang_ends_at_the_deadline_and_the_rest_are_not_run(tmp_path):
     """, deadline_s=15)
     assert statuses(result) == ["timeout", "runtime_error", "runtime_error"]
     assert "not run: the process ended during case" in result["cases"][CASES[2].id]["message"]
+
+
+def test_a_hang_ends_at_its_case_s_own_limit_long_before_the_run_s(tmp_path):
+    # On a GPU each case's first call has a limit from its size (Limits.case_s); the run's limit
+    # (here 300 s) still caps them all.
+    result = run(tmp_path, """
+        import time
+        def custom_kernel(data):
+            if data[0].shape[2] == 7:
+                time.sleep(600)
+            return data[2].clone()
+    """, deadline_s=300, case_limits={c.id: 4.0 for c in CASES})
+    assert statuses(result) == ["pass", "timeout", "runtime_error"]
+    assert "still running after 4 s, the limit for a case of this size (this case)" in \
+        result["cases"][CASES[1].id]["message"]
+
+
+def test_a_case_s_limit_from_its_size():
+    limits = config.Limits()
+    largest = Case(4, 64, 8192, 128, seed=1)
+    assert limits.case_s(largest.flops) == limits.case_grace_s + largest.flops / 1e11
+    assert 100 < limits.case_s(largest.flops) < limits.run_s
+    assert limits.case_s(Case(1, 2, 77, 64, seed=1).flops) < limits.case_grace_s + 1
 
 
 def test_writing_on_the_grader_s_pipe_is_a_protocol_violation_not_a_result(tmp_path):
@@ -165,3 +189,23 @@ def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
     assert stats["subject_host_ms"] > 0   # from the diagnostics line, after the reply
     assert len(record["spots"]) == 3 and not any(s["finding"]["ok"] for s in record["spots"])
     json.dumps(record)
+
+
+def test_a_call_far_slower_than_the_fast_ones_is_timed_coarsely():
+    # Precision where it decides ranks: above coarse_ms (8% of the GPU's matmul peak), ten calls
+    # within 2% place it; a fast call still needs the 0.5% of TIMING_MIN_REPS calls.
+    from grader.device import DeviceInfo
+    from grader.pipeline import coarse_ms
+    largest = Case(4, 64, 8192, 128, seed=1)
+    gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
+                     memory_bytes=0, sm_count=0, driver="x", torch_version="x", cuda_version="x",
+                     nvcc=None, python="3", matmul_tflops=740.0)
+    limit = coarse_ms(largest, gpu)
+    assert 140 < limit < 160   # 10x cuDNN's ~14.5 ms on this case
+    assert coarse_ms(largest, dataclasses.replace(gpu, matmul_tflops=0.0)) is None
+    slow = [716.0 + 0.5 * (i % 3) for i in range(config.TIMING_COARSE_MIN_REPS)]
+    assert harness.coarse_enough(slow, limit)
+    assert not harness.coarse_enough(slow[:-1], limit)              # too few calls
+    assert not harness.coarse_enough([17.5] * 20, limit)             # a fast kernel: full precision
+    assert not harness.coarse_enough([300.0, 900.0] * 5, limit)      # too noisy to place
+    assert not harness.coarse_enough(slow, None)                    # no peak measured

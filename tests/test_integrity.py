@@ -11,7 +11,11 @@ template <int D, int WG>
 __global__ void __launch_bounds__(WG * (128), 2)
 attention_kernel5(const half* q);
 __global__ void helper(int a);
+// __global__ void in_a_comment(int a);
+@triton.autotune(configs=[], key=["S"])
+@triton.jit
 def _attention_kernel(Q, K):
+def softmax_warp_forward(rows):   # a plain function: no kernel
 """
 
 FILL = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::Half>, "
@@ -156,3 +160,19 @@ def test_tampering_apis_are_named_by_line_and_comments_are_skipped():
                  "examples/tiled_cuda/submission.cu", "solution/submission.cu",
                  "student/submission.cu", "student/triton/submission.py"]:
         assert tampering_lines(Path(path).read_text()) == [], path
+
+
+def test_a_python_name_never_makes_a_library_kernel_its_own():
+    # Red team, session 7 (tests/adversarial/lib_bare_name_py): PyTorch's softmax_warp_forward
+    # lives in an anonymous namespace, with no library prefix; a plain `def` of that name, or even
+    # a Triton kernel of that name, does not make it the submission's: Python's kernels are
+    # reported by bare names, so a name with a C++ signature must come from the submission's C++.
+    source = ("\x1esubmission.py\nimport triton\n@triton.jit\ndef softmax_warp_forward(x):\n    pass\n"
+              "def dot_kernel(rows):\n    return rows\n")
+    own = own_kernel_names(source)
+    assert "softmax_warp_forward" in own and "dot_kernel" not in own and not own.cpp
+    launched = [("void (anonymous namespace)::softmax_warp_forward<c10::Half, c10::Half, float, 10, "
+                 "false, false>(c10::Half*, c10::Half const*, int, int, int, bool const*, int, bool)", 1),
+                ("dot_kernel", 1), ("softmax_warp_forward", 3)]
+    assert [(f.name[:20], f.reason) for f in classify_launched(launched, own, gpu=True)] == \
+        [("void (anonymous name", "not in the source"), ("dot_kernel", "not in the source")]

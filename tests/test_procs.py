@@ -194,9 +194,15 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
                 protocol=dict(idle_ms=1.2, busy_ms=1.3, busy_work_ms=5.0), rtt_ms=0.1)))
         return procs.ProcResult(0, False, 0.0, "", 0)
 
-    for module in (build, correctness, pipeline):
+    def fake_check(checker, args, spec_path, *, timeout_s):   # the warm checker's process
+        started.append(("checker", checker.cpus))
+        return procs.ProcResult(0, False, 0.0, "", 0)
+
+    for module in (build, pipeline):
         monkeypatch.setattr(module, "run_limited", fake_run_limited)
+    for module in (build, correctness, pipeline):
         monkeypatch.setattr(module, "split_cpus", lambda reserve, available=None: split)
+    monkeypatch.setattr(correctness.WarmChecker, "run", fake_check)
     gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
                      memory_bytes=0, sm_count=0, driver="x", torch_version="x", cuda_version="x",
                      nvcc=None, python="3")
@@ -211,7 +217,7 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
     pipeline._measure_protocol(ctx)
     correctness._run_checker({}, out_dir=tmp_path, limits=config.Limits(), env={})
     pipeline.ensure_gpu_healthy(ctx)
-    assert started == [("loop.py", (0, 1, 2)), ("grader.harness", (7,)), ("pytest", (7,)),
+    assert started == [("loop.py", (0, 1, 2)), ("grader.harness", (7,)), ("checker", (7,)),
                        ("-c", (7,))]
     assert notes[-1].startswith("protocol calibrated: 1.200 ms")
     assert notes[-1].endswith("; GPU stages on CPUs 7, builds on 0-2")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import reach
+from grader import config, reach
 from grader.submission import read_sources
 
 from .adversarial.assemble import HERE as ADVERSARIAL, SHARED
@@ -255,3 +255,17 @@ def test_an_unauditable_build_is_the_machines_fault(monkeypatch, tmp_path):
     monkeypatch.setattr(reach.shutil, "which", lambda name: None)
     r = audit_build(sub, BuildResult(Status.PASS, "extension", 1.0, artifact="x.so"), tmp_path)
     assert r.status is Status.ENVIRONMENT_ERROR and "binutils" in r.message
+
+
+def test_cutlass_kernel_headers_and_computed_includes_are_flagged_cute_is_not():
+    # Red team, session 7 (tests/adversarial/cutlass_wrapped_cu): CUTLASS's GEMM run inside a
+    # __global__ of the student's shows in no kernel name; its headers show in the source.
+    source = ("\x1esubmission.cu\n#include <cute/tensor.hpp>\n#include <cutlass/arch/barrier.h>\n"
+              "#include \"cutlass/numeric_types.h\"\n#include \"helpers.cuh\"\n"
+              "\x1ehelpers.cuh\n  #  include <cute/../cutlass/gemm/kernel/gemm_universal.hpp>\n"
+              "#define PICK <cutlass/epilogue/thread/linear_combination.h>\n#include PICK\n")
+    found = [(f.where, f.what) for f in reach.cpp_includes(source)]
+    assert found == [("helpers.cuh line 1", "cute/../cutlass/gemm/kernel/gemm_universal.hpp"),
+                     ("helpers.cuh line 3", "#include PICK")]
+    for example in ("cute_flash", "tiled_cuda", "naive_cuda"):
+        assert reach.cpp_includes(read_sources(config.REPO_ROOT / "examples" / example)) == []

@@ -24,8 +24,11 @@ EXPECTED = {
     "README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "test_cases/test.txt",
     "test_cases/cpu.txt",
     "templates/leaderboard.html.j2", "student/README.md", "student/Makefile",
-    "student/submission.cu", "student/triton/submission.py",
+    "student/submission.cu", "student/triton/submission.py", "student/tilelang/submission.py",
+    "student/cute/submission.cu",
     "grader/skeleton/submission.cu", "grader/skeleton/submission.py",
+    "grader/skeleton/tilelang_submission.py",
+    "grader/skeleton/cute_submission.cu",
 } | {str(p.relative_to(ROOT)) for p in (ROOT / "grader").rglob("*.py") if "__pycache__" not in p.parts}
 
 
@@ -56,12 +59,18 @@ def test_nothing_instructor_only_leaks(unpacked):
               if l.strip() and not l.startswith("#")]
     example = (ROOT / "examples" / "tiled_cuda" / "submission.cu").read_text()
     example_line = next(l.strip() for l in example.splitlines() if "__shfl_sync(0xffffffff, p, j)" in l)
+    # the CuTe example's softmax and P·V: the CuTe template ships their TODOs, never these lines
+    cute_example = (ROOT / "examples" / "cute_flash" / "submission.cu").read_text()
+    cute_lines = ["const float p = exp2f(fmaf(s_rc(r, c), scale_log2, -m_scaled));",
+                  "gemm(tiled_mma, tOrP(_, _, kk), tOrVt(_, _, kk), acc_o);"]
+    assert all(l in cute_example for l in cute_lines)
     for path in unpacked.rglob("*"):
         if path.is_file():
             text = path.read_text(errors="replace")
             assert not any(m in text for m in markers), path
             assert not any(h in text for h in hidden), path
             assert example_line not in text, path   # a correct kernel from examples/
+            assert not any(l in text for l in cute_lines), path
 
 
 def test_leak_check_refuses_planted_content(tmp_path):
@@ -144,7 +153,8 @@ def kit_env() -> dict:
     variables leak in from the make that runs the tests."""
     env = dict(os.environ, PYTHON_BASE=sys.executable, TORCH_SPEC="torch")
     env["GRADER_CUDA_INCLUDE"] = env.get("GRADER_CUDA_INCLUDE", str(ROOT / ".venv" / "cuda-include"))
-    for name in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "SUBMISSION", "VERBOSE", "WITH_TRITON"):
+    for name in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "SUBMISSION", "VERBOSE", "WITH_TRITON",
+                 "WITH_TILELANG"):
         env.pop(name, None)
     return env
 
@@ -164,6 +174,22 @@ def test_make_check_from_the_unpacked_release(unpacked):
     assert "The first TODO still on the skeleton's code is TODO(1.1): the score" in out
     assert "Compiled for sm_90a, the course GPU's architecture" in out
     assert re.search(r"attention_kernel1<64>\s+\d+ registers\s+0 B spill stores", out), out[-2000:]
+    assert not [w for w in INSTRUCTOR_ONLY if w in out + proc.stderr]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_nvcc(), reason="the compile check needs nvcc")
+def test_make_check_of_the_cute_track_from_the_unpacked_release(unpacked):
+    """A fresh kit's CuTe template compiles as shipped on a machine without a GPU: the set-up
+    provides the CUTLASS/CuTe headers (the nvidia-cutlass wheel) and every CUDA build has them on
+    its include path (grader/build.py)."""
+    proc = subprocess.run(["make", "check", "SUBMISSION=student/cute"], cwd=unpacked,
+                          env=kit_env(), capture_output=True, text=True, timeout=900)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "cute: NOT_RUN" in out and "compiled; not run: no CUDA device" in out, out[-3000:]
+    assert "cutlass_library/source/include" in (unpacked / "results" / "check" / "logs"
+                                                / "cute.build.log").read_text()
     assert not [w for w in INSTRUCTOR_ONLY if w in out + proc.stderr]
 
 
@@ -192,12 +218,31 @@ def test_make_check_of_the_triton_track_from_the_unpacked_release(unpacked):
             "make check SUBMISSION=student/triton") in proc.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tilelang") is None or not has_nvcc(),
+                    reason="TileLang compiles with nvcc; this machine lacks TileLang or nvcc")
+def test_make_check_of_the_tilelang_track_from_the_unpacked_release(unpacked):
+    """Without a GPU the TileLang skeleton is compiled for the course GPU and not run, and the
+    check says exactly that: never a pass, never a case it did not run."""
+    proc = subprocess.run(["make", "check", "SUBMISSION=student/tilelang"], cwd=unpacked,
+                          env=kit_env(), capture_output=True, text=True, timeout=900)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in text, text[-4000:]
+    assert "tilelang: NOT_RUN" in proc.stdout, proc.stdout[-3000:]
+    assert "PASS" not in proc.stdout and "pass" not in proc.stdout.split("Cases:")[1].split("Hint")[0]
+    assert ("TileLang lowered your kernel to CUDA and nvcc compiled it for sm_90a on 4 small cases; "
+            "none of them ran (TileLang has no CPU interpreter)") in proc.stdout
+    assert "The first TODO still on the skeleton's code is TODO(1.1): the online softmax's state" \
+        in proc.stdout
+    assert not [w for w in INSTRUCTOR_ONLY if w in text]
+
+
 def test_handout_performance_table_is_generated_from_the_bench_results():
     spec = importlib.util.spec_from_file_location("perf_table", ROOT / "scripts" / "perf_table.py")
     perf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(perf)
     results = perf.json.loads(perf.RESULTS.read_text())
+    stale = [p.name for p, text in perf.regenerate(results).items() if p.read_text() != text]
+    assert not stale, f"{stale}: performance figures stale or hand-edited: run scripts/perf_table.py"
     handout = perf.HANDOUT.read_text()
-    assert perf.update(handout, perf.render(results)) == handout, \
-        "student/README.md's table is stale or hand-edited: run scripts/perf_table.py"
     assert results["device"] in handout and "SDPA FLASH" in handout

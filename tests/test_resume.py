@@ -25,6 +25,8 @@ from grader.locks import LockHeld, RunLock, folder_lock
 from grader.report import write_reports
 from grader.results import read_results
 
+from .conftest import ctrl_c_reaches_it
+
 pytestmark = pytest.mark.slow
 
 CASES = "batch_size: 1; num_heads: 2; seq_len: 77; head_dim: 64; seed: 2\n"
@@ -175,7 +177,7 @@ def _start_slow_run(course) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "grader", *course.args("--jobs", "1")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=config.REPO_ROOT, env=course.env(),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     wait_for(lambda: (course.out / "a_fast.json").exists() and (course.out / "b_fast.json").exists()
              and running("z_slow/submission.py"), 300, "the fast results and the slow build")
     assert [p for p in carriers(course.mark) if p != proc.pid], "no child to orphan: test is void"

@@ -2,14 +2,16 @@
 
 Runs in the checker process, never in the process that imported the submission: it
 regenerates the inputs from the case's seed, computes the fp32 reference and the plain fp16
-implementation (the precision budget), and compares with the output the harness read from its
-own buffer when the call returned. The grader reads the outcome and the findings
+implementation's error (the precision budget), and compares with the output the harness read
+from its own buffer when the call returned. The grader reads the outcome and the findings
 (json_metadata) through pytest-json-report. The spec comes from $GRADER_CHECK_SPEC (see
-correctness.py).
+correctness.py), read anew by every pytest session: the warm checker (server.py) runs one
+session per submission in one process, and keeps each case's reference between them.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from pathlib import Path
@@ -19,30 +21,62 @@ import torch
 
 from grader import config
 from grader.cases import Case
-from grader.compare import Finding, compare_outputs
+from grader.compare import Finding, compare_outputs, plain_error_of
 from grader.inputs import make_inputs
 from grader.reference import attention_plain_fp16, attention_reference
 
-SPEC = json.loads(Path(os.environ["GRADER_CHECK_SPEC"]).read_text())
-CASES = [Case.from_dict(c) for c in SPEC["cases"]]
-DEVICE = SPEC["device"]
-PRECISION = SPEC.get("precision", {})
+# Each case's fp32 reference and the plain fp16 implementation's error, kept for the next
+# submission (least recently used first out past config.CHECK_REFERENCE_BYTES). The inputs, and so
+# both, are a function of the case's shape and seed and the device alone.
+_REFERENCES: "collections.OrderedDict[tuple, tuple[torch.Tensor, float]]" = collections.OrderedDict()
 
 
-def compare(got, inputs, case: Case, json_metadata: dict) -> Finding:
+def spec() -> dict:
+    return json.loads(Path(os.environ["GRADER_CHECK_SPEC"]).read_text())
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "case" in metafunc.fixturenames:
+        cases = [Case.from_dict(c) for c in spec()["cases"]]
+        metafunc.parametrize("case", cases, ids=[c.id for c in cases])
+
+
+@pytest.fixture(scope="module")
+def check_spec() -> dict:
+    return spec()
+
+
+def reference(case: Case, inputs, device: str) -> tuple[torch.Tensor, float]:
+    """The fp32 reference of the case's inputs and the plain fp16 implementation's max error."""
+    key = (case.shape, case.seed, device)
+    if key in _REFERENCES:
+        _REFERENCES.move_to_end(key)
+        return _REFERENCES[key]
+    expected = attention_reference(*inputs)
+    kept = (expected, plain_error_of(attention_plain_fp16(*inputs), expected))
+    size = expected.numel() * expected.element_size()
+    if size <= config.CHECK_REFERENCE_BYTES:
+        _REFERENCES[key] = kept
+        while sum(e.numel() * e.element_size() for e, _ in _REFERENCES.values()) > config.CHECK_REFERENCE_BYTES:
+            _REFERENCES.popitem(last=False)
+    return kept
+
+
+def compare(got, inputs, case: Case, json_metadata: dict, check_spec: dict) -> Finding:
     """`got` against the fp32 reference of `inputs`, within the tolerance and the precision
     budget; the finding and the status go into the report."""
-    finding = compare_outputs(got, attention_reference(*inputs), rtol=case.rtol or config.RTOL,
-                              atol=case.atol or config.ATOL, plain=attention_plain_fp16(*inputs),
-                              **PRECISION)
+    expected, plain_error = reference(case, inputs, check_spec["device"])
+    finding = compare_outputs(got, expected, rtol=case.rtol or config.RTOL,
+                              atol=case.atol or config.ATOL, plain_error=plain_error,
+                              **check_spec.get("precision", {}))
     json_metadata["finding"] = finding.to_dict()
     json_metadata["status"] = "pass" if finding.ok else "mismatch"
     return finding
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_case(case: Case, json_metadata: dict) -> None:
-    run = SPEC["runs"][case.id]
+def test_case(case: Case, json_metadata: dict, check_spec: dict) -> None:
+    run = check_spec["runs"][case.id]
+    device = check_spec["device"]
     json_metadata["case"] = case.id
     if run["status"] != "pass":
         json_metadata["status"] = run["status"]
@@ -56,12 +90,12 @@ def test_case(case: Case, json_metadata: dict) -> None:
         json_metadata["finding"] = finding.to_dict()
         json_metadata["status"] = "mismatch"
         pytest.fail(run["problem"], pytrace=False)
-    q, k, v = make_inputs(case, DEVICE)
-    got = torch.load(Path(SPEC["out_dir"]) / f"{case.id}.pt", map_location=DEVICE,
+    q, k, v = make_inputs(case, device)
+    got = torch.load(Path(check_spec["out_dir"]) / f"{case.id}.pt", map_location=device,
                      weights_only=True)
-    if DEVICE == "cuda":
+    if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    finding = compare(got, (q, k, v), case, json_metadata)
-    if DEVICE == "cuda":
+    finding = compare(got, (q, k, v), case, json_metadata, check_spec)
+    if device == "cuda":
         json_metadata["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     assert finding.ok, finding.summary()

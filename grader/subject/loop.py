@@ -27,6 +27,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -42,6 +43,41 @@ PY_ENTRY_POINT = "custom_kernel"          # Python submissions (GPU MODE)
 
 class LoadError(Exception):
     """The submission could not be loaded: the message is for the student."""
+
+
+# TileLang without a GPU (issue 15). TileLang has no CPU interpreter, so off the GPU its kernels
+# are lowered and compiled by nvcc for the course GPU (config.DEFAULT_CUDA_ARCH), exactly as
+# tilelang.jit does there, and then not launched: the call ends with a "not_run" reply naming what
+# was compiled. The harness takes that claim only where there is no GPU, and nothing is graded.
+TILELANG_TARGET_ENV = "TILELANG_DEFAULT_TARGET"
+# TileLang's disk cache holds shared libraries it loads into this process, in a folder this
+# process can write to: off, so that TileLang loads only what it has just compiled itself.
+TILELANG_NO_DISK_CACHE = {"TILELANG_DISABLE_CACHE": "1"}
+
+
+class NotRunHere(BaseException):
+    """A compiled TileLang kernel was about to launch with no GPU to run it. A BaseException,
+    so that a submission's `except Exception:` does not turn it into a fallback."""
+
+
+def tilelang_without_gpu() -> str:
+    """Every TileLang kernel launch (JITKernel.__call__, eager and lazy mode alike) raises
+    NotRunHere with the kernel's name: by then TileLang has lowered it and nvcc compiled it.
+    Returns the nvcc TileLang compiles with, or '' when it has none."""
+    from tilelang import env
+    from tilelang.jit.kernel import JITKernel
+
+    def launch(kernel, *args, **kwargs):
+        try:
+            names = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(",
+                               kernel.get_kernel_source())
+        except Exception:   # the name is a courtesy; the compile already happened
+            names = []
+        raise NotRunHere(", ".join(dict.fromkeys(names)) or "the kernel")
+
+    JITKernel.__call__ = launch
+    nvcc = os.path.join(env.CUDA_HOME or "/nonexistent", "bin", "nvcc")
+    return nvcc if os.access(nvcc, os.X_OK) else ""
 
 
 def load_extension(path: str, name: str):
@@ -141,6 +177,7 @@ class Subject:
                         for name, (fd, nbytes) in setup["buffers"].items()}
         self.fn = None
         self.profiler = None
+        self.tilelang_nvcc: str | None = None   # set once TileLang is told there is no GPU
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.device == "cuda" else []
         self.t_line = 0.0
         self.clocks = (0.0, 0.0, 0.0)
@@ -176,22 +213,40 @@ class Subject:
             profiler = profile(activities=activities)
             profiler.__enter__()
         events = self.events
+        if self.device != "cuda" and "tilelang" in sys.modules and self.tilelang_nvcc is None:
+            self.tilelang_nvcc = tilelang_without_gpu()
+        not_run = ""   # why the call stopped short of a launch (TileLang without a GPU)
         try:
             if events:
                 events[0].record()
-            out = self.fn(q, k, v)
-            if events:
-                events[1].record()
-            returned = describe(out, shape)
-            if returned["usable"]:
-                o.copy_(out)
-            if events:
-                events[2].record()
-            self.synchronize()
-            synced = time.perf_counter()
+            try:
+                out = self.fn(q, k, v)
+            except NotRunHere as compiled:
+                arch = os.environ.get(TILELANG_TARGET_ENV, "")
+                not_run = (f"not run: TileLang lowered {compiled} to CUDA and nvcc compiled it for "
+                           f"{_arch(arch)}; there is no GPU here to launch it, so nothing about "
+                           f"its results is known")
+            except Exception:
+                if self.tilelang_nvcc != "":
+                    raise
+                not_run = ("not compiled, not run: TileLang compiles with nvcc, which this machine "
+                           "lacks, and there is no GPU; nothing about the kernel is known")
+            if not not_run:
+                if events:
+                    events[1].record()
+                returned = describe(out, shape)
+                if returned["usable"]:
+                    o.copy_(out)
+                if events:
+                    events[2].record()
+                self.synchronize()
+                synced = time.perf_counter()
         finally:
             if profiler is not None:
                 profiler.__exit__(None, None, None)
+        if not_run:   # with what ran before the launch: a library call there is flagged
+            return dict(event="not_run", message=not_run,
+                        launched=launched_names(profiler, self.device) if profiler else [])
         self.clocks = (self.t_line, received, synced)
         if timed:
             return dict(event="done", returned=returned)
@@ -270,6 +325,21 @@ class Subject:
                 self.reply(dict(event="diagnostics", n=n, t_replied=t_replied, **self.diagnostics()))
 
 
+def _mentions_tilelang(source: str) -> bool:
+    try:
+        return any("tilelang" in path.read_text(errors="replace")
+                   for path in Path(source).parent.glob("*.py"))
+    except OSError:
+        return False
+
+
+def _arch(target: str) -> str:
+    try:
+        return json.loads(target).get("arch", "the course GPU")
+    except (ValueError, AttributeError):
+        return "the course GPU"
+
+
 def _elapsed_ms(events: list) -> float | None:
     """The events' interval, or None when there are none or the work is not finished (a call
     that returned early): a diagnostic must never turn into the call's error."""
@@ -304,6 +374,17 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)
     setup = json.loads(a.setup)
     subject = Subject(setup)
+    if setup["target"].get("kind") == "python":   # before the submission imports TileLang
+        os.environ.update(TILELANG_NO_DISK_CACHE)
+    if setup["device"] != "cuda":
+        from grader import config
+        os.environ[TILELANG_TARGET_ENV] = json.dumps(
+            {"kind": "cuda", "arch": f"sm_{config.DEFAULT_CUDA_ARCH}"})
+        if setup["target"].get("kind") == "python" and _mentions_tilelang(setup["target"]["source"]):
+            try:
+                subject.tilelang_nvcc = tilelang_without_gpu()
+            except ImportError:   # not installed: the submission's own import says so
+                pass
     try:
         subject.fn = load(setup["target"])
     except BaseException as e:   # SystemExit and KeyboardInterrupt from a submission included

@@ -1,0 +1,78 @@
+#!/bin/sh
+# One call on the GPU machine (the developers' device tool): set up what its image lacks, then
+# run the named tasks in order, each one's log and files into $OUT. The machine has torch, nvcc,
+# ninja, pytest, jinja2, rich and triton, and no internet; carry the rest:
+#   .whl/  pytest_json_report, pytest_metadata (and nvidia_cutlass, tilelang with its
+#          dependencies, submitit, cloudpickle for the tracks and Slurm), downloaded as the device
+#          README says (python 3.12, manylinux)
+#   .deb/  bubblewrap (apt-get download bubblewrap): integrity results count only sandboxed
+#
+#   sh scripts/gpu_session.sh smoke test-gpu timing-trust          # in the foreground
+#   sh scripts/gpu_session.sh --background adversarial bench-grader  # past one call's 10 minutes
+#   sh scripts/gpu_session.sh --poll                                  # later calls, < 30 s apart
+#
+# Tasks: smoke (device, one example checked), test-gpu, examples (make grade of examples/ with
+# the baselines), adversarial, timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6
+# (bench/kernel6_check.py). A background run works on a copy of the tree in /tmp/run, since
+# every call replaces the tree it was started from.
+set -u
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+RUN=/tmp/run
+
+setup() {
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl || exit 1
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    for deb in .deb/bubblewrap_*.deb; do
+        [ -f "$deb" ] && dpkg -x "$deb" /tmp/bw && export PATH=/tmp/bw/usr/bin:$PATH
+    done
+    if command -v bwrap >/dev/null 2>&1; then export GRADER_SANDBOX=require; fi
+    export PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=index,name,uuid,driver_version --format=csv,noheader
+}
+
+task() {
+    name=$1
+    echo "== $name $(date -u +%H:%M:%S)"
+    case $name in
+        smoke) .venv/bin/python -m grader check examples/triton_flash ;;
+        test-gpu) make test-gpu ;;
+        examples) make grade RESULTS=results-examples && cp results-examples/grades.csv "$OUT/" ;;
+        adversarial) make adversarial; python3 tests/adversarial/verdicts.py results-adversarial ;;
+        timing-trust) make timing-trust && cp bench/timing_trust.json "$OUT/" ;;
+        bench) make bench && cp bench/results.json "$OUT/" ;;
+        bench-grader) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="${BENCH_ARGS:-}" \
+                          && cp bench/grader_bench.json "$OUT/" ;;
+        kernel6) make env && .venv/bin/python bench/kernel6_check.py \
+                     && cp bench/kernel6_check.json "$OUT/" ;;
+        *) echo "unknown task: $name" >&2; return 2 ;;
+    esac > "$OUT/$name.log" 2>&1
+    code=$?
+    echo "== $name exited $code $(date -u +%H:%M:%S)"
+    tail -n 25 "$OUT/$name.log"
+    return $code
+}
+
+case "${1:-}" in
+    --poll)
+        cat $RUN.status 2>/dev/null || echo "no background run"
+        for log in $RUN-out/*.log; do [ -f "$log" ] && { echo "-- $log"; tail -n 5 "$log"; }; done
+        cp $RUN-out/* "$OUT/" 2>/dev/null
+        exit 0 ;;
+    --background)
+        shift
+        rm -rf $RUN $RUN-out && mkdir -p $RUN-out && cp -a . $RUN
+        (cd $RUN && OUT=$RUN-out setsid sh scripts/gpu_session.sh "$@" > $RUN.status 2>&1 &)
+        echo "started in $RUN: $*"
+        exit 0 ;;
+esac
+
+setup
+status=0
+for name in "$@"; do
+    task "$name" || status=1
+done
+exit $status

@@ -1,0 +1,40 @@
+"""Adversarial, issue 13 (several GPUs) and the build stage: an honest Triton kernel whose module,
+when imported, keeps every GPU it can see busy for 40 s (a real attack stays just under the
+import limit, GRADER_IMPORT_S, 120 s).
+
+Why it works: a Python submission is imported first by the build stage's import check
+(build._build_once: subject/loop.py --check-load), and that runs in the plain sandbox
+(ctx.sandbox, not Sandbox.for_gpu: every /dev/nvidiaN is bound) with child_env(cuda=True) and no
+`gpu`, so CUDA_VISIBLE_DEVICES is the grader's own: every GPU. Builds run while the GPU workers
+time other submissions (on one GPU too: builds never take the GPU lock), and the harness's NVML
+check counts only CUDA contexts in the timed submission's own process tree. So this file's
+import slows down whatever is being timed meanwhile, on every GPU; the rows timed then rank below
+this one, and nothing on the page says why. Its own verdict is an honest pass, which is the
+problem: the grader should see (or prevent) GPU work outside the subject of the run it times."""
+import time
+
+import torch
+
+from honest_flash import custom_kernel as honest
+
+HOG_S = 40.0
+
+
+def _hog(seconds: float) -> None:
+    if not torch.cuda.is_available():   # without a GPU (CI), or once the import check has none
+        return
+    tiles = [torch.randn(8192, 8192, device=f"cuda:{i}", dtype=torch.float16)
+             for i in range(torch.cuda.device_count())]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for tile in tiles:
+            torch.matmul(tile, tile)
+        for i in range(len(tiles)):
+            torch.cuda.synchronize(i)
+
+
+_hog(HOG_S)
+
+
+def custom_kernel(data):
+    return honest(data)

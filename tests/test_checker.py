@@ -1,0 +1,105 @@
+"""The warm checker (grader/checks/server.py, correctness.WarmChecker): one trusted process checks
+submission after submission with the same verdicts a fresh one gives, keeps each case's reference,
+and a checker that dies or hangs is replaced without losing the next check."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+
+import pytest
+import torch
+
+from grader import config, correctness
+from grader.cases import Case
+from grader.correctness import WarmChecker, check_outputs
+from grader.inputs import make_inputs
+from grader.procs import child_env
+from grader.reference import attention_reference
+from grader.status import Status
+
+CASES = [Case(batch_size=1, num_heads=2, seq_len=77, head_dim=64, seed=11),
+         Case(batch_size=2, num_heads=1, seq_len=5, head_dim=128, seed=3)]
+
+
+def _outputs(folder, *, wrong: str | None = None) -> dict:
+    """Save each case's output as the harness does (the right one, or zeros for `wrong`); the
+    runs as the harness reports them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for case in CASES:
+        out = attention_reference(*make_inputs(case, "cpu")).half()
+        torch.save(torch.zeros_like(out) if case.id == wrong else out, folder / f"{case.id}.pt")
+    return {c.id: dict(status="pass", message="", elapsed_s=0.01) for c in CASES}
+
+
+def _check(folder, runs, limits=config.Limits()):
+    return check_outputs(CASES, runs, out_dir=folder, device="cpu", limits=limits,
+                         env=child_env(cuda=False))
+
+
+@pytest.fixture
+def checker_pid():
+    """The pid of the warm checker for the CPU environment, after a check."""
+    def pid() -> int:
+        checker = WarmChecker.for_stage(child_env(cuda=False),
+                                        correctness.split_cpus(config.Limits().gpu_stage_cpus).gpu)
+        assert checker.alive
+        return checker.proc.pid
+    yield pid
+    for checker in list(WarmChecker._kept.values()):
+        checker._stop()
+
+
+def test_one_checker_process_checks_submission_after_submission(tmp_path, checker_pid):
+    first = _check(tmp_path / "a", _outputs(tmp_path / "a"))
+    pid = checker_pid()
+    second = _check(tmp_path / "b", _outputs(tmp_path / "b", wrong=CASES[1].id))
+    assert checker_pid() == pid
+    assert [r.status for r in first] == [Status.PASS, Status.PASS]
+    assert [r.status for r in second] == [Status.PASS, Status.MISMATCH]
+    assert second[1].finding.all_zero and second[1].finding.mismatches > 0
+    # The kept reference gives the same numbers as a fresh one: the same output, the same finding.
+    again = _check(tmp_path / "c", _outputs(tmp_path / "c"))
+    assert [dataclasses.asdict(r.finding) for r in again] == [dataclasses.asdict(r.finding) for r in first]
+
+
+def test_a_checker_that_died_is_replaced_at_the_next_check(tmp_path, checker_pid):
+    _check(tmp_path / "a", _outputs(tmp_path / "a"))
+    dead = checker_pid()
+    os.kill(dead, signal.SIGKILL)
+    results = _check(tmp_path / "b", _outputs(tmp_path / "b", wrong=CASES[0].id))
+    assert [r.status for r in results] == [Status.MISMATCH, Status.PASS], results[0].message
+    assert checker_pid() != dead
+
+
+def test_a_check_past_its_limit_is_the_graders_error_and_the_next_one_is_checked(tmp_path, checker_pid):
+    _check(tmp_path / "a", _outputs(tmp_path / "a"))
+    hung = checker_pid()
+    os.kill(hung, signal.SIGSTOP)   # a checker that never answers
+    results = _check(tmp_path / "b", _outputs(tmp_path / "b"), limits=config.Limits(check_s=3))
+    assert all(r.status is Status.RUNTIME_ERROR and "the checker timed out" in r.message
+               for r in results)
+    results = _check(tmp_path / "c", _outputs(tmp_path / "c"))
+    assert [r.status for r in results] == [Status.PASS, Status.PASS]
+    assert checker_pid() != hung
+
+
+def test_a_cases_reference_is_computed_once_and_the_oldest_goes_past_the_cap(monkeypatch):
+    from grader.checks import test_outputs
+    monkeypatch.setattr(test_outputs, "_REFERENCES", type(test_outputs._REFERENCES)())
+    computed = []
+    real = test_outputs.attention_reference
+    monkeypatch.setattr(test_outputs, "attention_reference",
+                        lambda *qkv: computed.append(qkv[0].shape) or real(*qkv))
+    inputs = [make_inputs(c, "cpu") for c in CASES]
+    first = test_outputs.reference(CASES[0], inputs[0], "cpu")
+    assert test_outputs.reference(CASES[0], inputs[0], "cpu")[0] is first[0]
+    assert len(computed) == 1
+    # Room for the first case's reference only: the second pushes it out.
+    size = first[0].numel() * first[0].element_size()
+    monkeypatch.setattr(config, "CHECK_REFERENCE_BYTES", size)
+    test_outputs.reference(CASES[1], inputs[1], "cpu")
+    test_outputs.reference(CASES[0], inputs[0], "cpu")
+    assert len(computed) == 3
+    assert first[1] == test_outputs.reference(CASES[0], inputs[0], "cpu")[1] > 0

@@ -1,0 +1,453 @@
+"""Issue 13, N GPUs: one GPU worker per GPU. What a CPU machine can test for real: choosing the
+GPUs, each worker's CPUs, environment and sandbox device nodes, the scheduler (the GPU stages
+replaced by recorders), per-GPU baseline files and how the page and the table show them."""
+
+from __future__ import annotations
+
+import _thread
+import argparse
+import dataclasses
+import io
+import json
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from grader import config, device as device_mod, pipeline, procs, sandbox as sandbox_mod
+from grader.build import BuildResult
+from grader.device import DeviceInfo, GpuSelectionError, parse_gpus, select_gpus
+from grader.progress import Progress
+from grader.report import build_rows, gpu_agreement, render_leaderboard, text_table
+from grader.results import (GpuRef, SubmissionResult, load_result, read_gpu_copies, read_results,
+                            write_result)
+from grader.runs import RunJournal
+from grader.sandbox import Sandbox
+from grader.status import Status
+from grader.submission import Role, inspect_folder
+from grader.timing import ProtocolCost, TimingStats
+
+
+def gpu(index: int, name: str = "NVIDIA H200", capability=(9, 0)) -> DeviceInfo:
+    return DeviceInfo(cuda=True, name=name, capability=capability, arch="90a", l2_bytes=1 << 20,
+                      memory_bytes=0, sm_count=132, driver="580", torch_version="x",
+                      cuda_version="13.0", nvcc=None, python="3", matmul_tflops=700.0 + index,
+                      index=index, uuid=f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd")
+
+
+LISTED = [dict(index=0, name="NVIDIA H200", uuid="GPU-a", capability=[9, 0]),
+          dict(index=1, name="NVIDIA H200", uuid="GPU-b", capability=[9, 0])]
+
+
+# ---------------------------------------------------------------- choosing the GPUs
+
+
+def test_gpus_option_parses_a_set_of_indices():
+    assert parse_gpus("0,1") == [0, 1]
+    assert parse_gpus(" 1, 0 ") == [0, 1]          # the first GPU is the lowest: results stay put
+    assert parse_gpus("3") == [3]
+    assert parse_gpus(None) is None and parse_gpus("all") is None
+    for bad, said in (("0,0", "GPU 0 is named twice"), ("x", "'x' is not a GPU index"),
+                      ("-1", "'-1' is not a GPU index"), ("", "names no GPU"), (",", "names no GPU"),
+                      ("0,,1", "'' is not a GPU index")):
+        with pytest.raises(GpuSelectionError, match=said):
+            parse_gpus(bad)
+
+
+def test_gpus_are_checked_against_the_machines():
+    assert select_gpus(None, LISTED) == [0, 1]
+    assert select_gpus([1], LISTED) == [1]
+    with pytest.raises(GpuSelectionError, match=r"no GPU 2 on this machine; its GPUs: 0 \(NVIDIA H200\), 1"):
+        select_gpus([0, 2], LISTED)
+    mixed = LISTED + [dict(index=2, name="NVIDIA A100", uuid="GPU-c", capability=[8, 0])]
+    assert select_gpus(None, mixed) == [0, 1]     # by default the first one's kind
+    with pytest.raises(GpuSelectionError, match=r"different kinds.*--gpus 0,1\)"):
+        select_gpus([0, 1, 2], mixed)
+    with pytest.raises(GpuSelectionError, match="names no GPU"):
+        select_gpus([], LISTED)
+
+
+def test_detect_gpus_probes_the_chosen_ones_and_refuses_others(monkeypatch):
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        wanted = [int(i) for i in cmd[cmd.index("--gpus") + 1].split(",")] if "--gpus" in cmd else [0, 1]
+        probed = [dict(cuda=True, name="NVIDIA H200", capability=[9, 0], l2_bytes=1, memory_bytes=2,
+                       sm_count=3, torch_version="t", cuda_version="c", matmul_tflops=700.0,
+                       index=i, uuid=LISTED[i]["uuid"]) for i in wanted if i < 2]
+        return subprocess.CompletedProcess(cmd, 0, json.dumps(dict(listed=LISTED, probed=probed)), "")
+
+    monkeypatch.setattr(device_mod.subprocess, "run", fake_run)
+    monkeypatch.setattr(device_mod, "_driver", lambda: "580")
+    both = device_mod.detect_gpus(None)
+    assert [(d.index, d.uuid, d.arch, d.label) for d in both] == [
+        (0, "GPU-a", "90a", "GPU 0 (NVIDIA H200)"), (1, "GPU-b", "90a", "GPU 1 (NVIDIA H200)")]
+    assert device_mod.detect_gpus([1])[0].uuid == "GPU-b"
+    assert device_mod.detect().index == 0          # the one-GPU probe: GPU 0, as before
+    with pytest.raises(GpuSelectionError, match="no GPU 5"):
+        device_mod.detect_gpus([0, 5])
+
+
+def test_without_cuda_the_option_means_one_cpu_worker(capsys):
+    from grader.__main__ import _devices
+    devices = _devices(argparse.Namespace(command="grade", gpus="0,1", cpu=True))
+    assert [d.cuda for d in devices] == [False]
+    assert "--gpus 0,1: no CUDA device here; grading with one CPU worker" in capsys.readouterr().err
+    assert _devices(argparse.Namespace(command="grade", gpus="0,0", cpu=True)) is None
+    assert "GPU 0 is named twice" in capsys.readouterr().err
+
+
+def test_grade_lists_the_option_and_a_bad_set_is_a_usage_error(tmp_path):
+    helped = subprocess.run([str(config.REPO_ROOT / ".venv/bin/python"), "-m", "grader", "grade",
+                             "--help"], cwd=config.REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert "--gpus" in helped.stdout   # bench/bench_grader.py looks for it there
+    (tmp_path / "subs" / "alice").mkdir(parents=True)
+    (tmp_path / "subs" / "alice" / "submission.py").write_text("def custom_kernel(data):\n    return data[0]\n")
+    proc = subprocess.run([str(config.REPO_ROOT / ".venv/bin/python"), "-m", "grader", "grade",
+                           str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--build-dir",
+                           str(tmp_path / "build"), "--gpus", "1,x"],
+                          cwd=config.REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: --gpus '1,x': 'x' is not a GPU index" in proc.stderr
+
+
+# ---------------------------------------------------------------- each worker's CPUs, env, nodes
+
+
+def test_each_gpu_worker_keeps_cpus_of_its_own_and_builds_get_the_rest():
+    one = procs.split_cpus(3, range(16))
+    assert procs.split_cpus(3, range(16), workers=1, slot=0) == one   # one worker: as before
+    w0, w1 = (procs.split_cpus(3, range(16), workers=2, slot=k) for k in (0, 1))
+    assert w0.gpu == (13, 14, 15) and w1.gpu == (10, 11, 12)
+    assert w0.build == w1.build == tuple(range(10))
+    eight = [procs.split_cpus(3, range(8), workers=2, slot=k) for k in (0, 1)]
+    assert [s.gpu for s in eight] == [(5, 6, 7), (2, 3, 4)] and eight[0].build == (0, 1)
+    six = [procs.split_cpus(3, range(6), workers=3, slot=k) for k in (0, 1, 2)]   # one each
+    assert [s.gpu for s in six] == [(5,), (4,), (3,)] and six[0].build == (0, 1, 2)
+    assert not procs.split_cpus(3, range(6), workers=6).reserved   # the builds would get none
+    assert not procs.split_cpus(3, range(4), workers=2).reserved   # too few to reserve at all
+    # A caller that does not say (the checker, a build) gets its thread's worker's, or the rest.
+    procs.set_gpu_workers(2)
+    try:
+        assert procs.split_cpus(3, range(16)).gpu == (13, 14, 15)
+        with procs.gpu_worker(1):
+            assert procs.split_cpus(3, range(16)).gpu == (10, 11, 12)
+            seen = []
+            t = threading.Thread(target=lambda: seen.append(procs.split_cpus(3, range(16)).gpu))
+            t.start()
+            t.join()
+            assert seen == [(13, 14, 15)]   # another thread is not worker 1
+        assert procs.split_cpus(3, range(16)).build == tuple(range(10))
+    finally:
+        procs.set_gpu_workers(1)
+    assert procs.split_cpus(3, range(16)) == one
+
+
+FAKE_NODES = ["/dev/nvidia-caps", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+              "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia10", "/dev/nvidiactl"]
+
+
+def _bound(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == "--dev-bind"]
+
+
+def test_a_workers_sandbox_binds_only_its_own_gpu_node(monkeypatch):
+    monkeypatch.setattr(sandbox_mod.glob, "glob",
+                        lambda pattern: FAKE_NODES if pattern == "/dev/nvidia*" else [])
+    monkeypatch.setattr(sandbox_mod, "drop_privileges", lambda: [])
+    box = Sandbox("/usr/bin/bwrap", readable=("/usr",))
+    shared = ["/dev/nvidia-caps", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+              "/dev/nvidiactl"]
+    assert _bound(box.wrap(["true"])) == FAKE_NODES                 # no worker: every node
+    assert _bound(box.for_gpu(None).wrap(["true"])) == FAKE_NODES   # node unknown: every node
+    one = box.for_gpu(1).wrap(["python", "loop.py"])
+    assert _bound(one) == shared[:4] + ["/dev/nvidia1", shared[4]]
+    assert "/dev/nvidia0" not in one and "/dev/nvidia10" not in one
+    assert one[-2:] == ["python", "loop.py"]
+    assert box.for_gpu(1).describe() == box.describe()   # the key's part: unchanged
+    assert Sandbox(None, "off").for_gpu(1).wrap(["true"]) == ["true"]
+
+
+def test_device_minor_comes_from_the_drivers_account(tmp_path):
+    for bus, uuid, minor in (("0000:19:00.0", "GPU-a", 1), ("0000:3b:00.0", "GPU-b", 0)):
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "information").write_text(
+            f"Model: \t\t NVIDIA H200\nIRQ:   \t\t 1\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {minor}\n")
+    assert device_mod.device_minor("GPU-a", str(tmp_path)) == 1
+    assert device_mod.device_minor("GPU-b", str(tmp_path)) == 0
+    assert device_mod.device_minor("GPU-z", str(tmp_path)) is None
+    assert device_mod.device_minor("GPU-a", str(tmp_path / "none")) is None
+
+
+def _ctx(tmp_path, small_case, devices, stream=None) -> pipeline.GradeContext:
+    return pipeline.GradeContext(
+        cases=(small_case,), device=devices[0], limits=config.Limits(), out_dir=tmp_path / "out",
+        build_dir=tmp_path / "build", progress=Progress(1, live=False, stream=stream or io.StringIO()),
+        sandbox=Sandbox("/usr/bin/bwrap"), gpus=tuple(devices) if len(devices) > 1 else ())
+
+
+def test_worker_contexts_pin_env_cpus_and_device_node(monkeypatch, tmp_path, small_case):
+    devices = [gpu(0), gpu(1)]
+    minors = {devices[0].uuid: 0, devices[1].uuid: 1}
+    monkeypatch.setattr(pipeline, "device_minor", lambda uuid: minors.get(uuid))
+    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda pid: set(range(16)))
+    workers = pipeline.worker_contexts(_ctx(tmp_path, small_case, devices))
+    assert [w.device.index for w in workers] == [0, 1] and [w.slot for w in workers] == [0, 1]
+    assert [w.env["CUDA_VISIBLE_DEVICES"] for w in workers] == [d.uuid for d in devices]
+    assert [w.sandbox.gpu_nodes for w in workers] == [("/dev/nvidia0",), ("/dev/nvidia1",)]
+    assert [w.cpus.gpu for w in workers] == [(13, 14, 15), (10, 11, 12)]
+    assert [w.gpu_tag for w in workers] == ["", "gpu1"]
+    assert workers[1].gpu_ref == GpuRef(1, "NVIDIA H200", devices[1].uuid)
+    single = pipeline.worker_contexts(_ctx(tmp_path, small_case, [gpu(0)]))
+    assert len(single) == 1 and single[0].cpus == procs.split_cpus(3, range(16))
+    assert single[0].gpu_tag == "" and single[0].progress is single[0].progress
+    cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu", index=None, uuid="")
+    assert pipeline.worker_contexts(_ctx(tmp_path, small_case, [cpu]))[0].env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# ---------------------------------------------------------------- the scheduler
+
+
+def _timing(ms: float) -> TimingStats:
+    return TimingStats(n=100, median_ms=ms, mean_ms=ms, min_ms=ms, std_ms=0.01, rse=0.001,
+                       tflops=10.0, warmup_calls=2, budget_s=15.0, stopped_by="rse", wall_s=1.0)
+
+
+class Recorder:
+    """Stands in for the GPU stages: records which worker (GPU) ran what, and when."""
+
+    def __init__(self, seconds: float = 0.05):
+        self.seconds, self.lock, self.runs = seconds, threading.Lock(), []
+
+    def run(self, what: str, ctx, role: str):
+        started = time.monotonic()
+        time.sleep(self.seconds)
+        with self.lock:
+            self.runs.append(dict(what=what, slot=ctx.slot, uuid=ctx.device.uuid, role=role,
+                                  thread=threading.current_thread().name, start=started,
+                                  end=time.monotonic(), cpus=ctx.cpus.gpu))
+
+    def grade_submission(self, sub, build, ctx, source=""):
+        self.run(sub.id, ctx, sub.role.value)
+        return SubmissionResult(id=sub.id, label=sub.id, kind=sub.kind.value, role=sub.role.value,
+                                status=Status.PASS, message="ok", timing=_timing(10.0 + ctx.slot),
+                                timed_case="c", build=build)
+
+    def grade_baseline(self, name, ctx):
+        self.run(name, ctx, "baseline")
+        return SubmissionResult(id=name, label=name, kind="builtin", role="baseline",
+                                status=Status.PASS, message="ok", timing=_timing(100.0 + ctx.slot),
+                                timed_case="c")
+
+
+@pytest.fixture
+def course(monkeypatch, tmp_path, make_submission, small_case):
+    """Eight students and the solution, builds and GPU stages faked, on `devices`."""
+    recorder = Recorder()
+    calibrated = []
+    monkeypatch.setattr(pipeline, "grade_submission", recorder.grade_submission)
+    monkeypatch.setattr(pipeline, "grade_baseline", recorder.grade_baseline)
+    monkeypatch.setattr(pipeline, "calibrate_protocol",
+                        lambda ctx, reuse=False: calibrated.append(ctx.device.uuid) or ProtocolCost())
+    monkeypatch.setattr(pipeline, "build_submission",
+                        lambda sub, **kw: time.sleep(0.01) or BuildResult(Status.PASS, "import", 0.01))
+    monkeypatch.setattr(pipeline, "device_minor", lambda uuid: None)
+    subs = [inspect_folder(make_submission(f"s{i}", "def custom_kernel(data):\n    return data[0]\n"))
+            for i in range(8)]
+    subs.append(inspect_folder(make_submission("sol", "def custom_kernel(data):\n    return data[0]\n"),
+                               role=Role.BASELINE, id="solution"))
+
+    def grade(devices, **kw):
+        ctx = _ctx(tmp_path, small_case, devices)
+        ctx.out_dir.mkdir(parents=True, exist_ok=True)
+        journal = RunJournal(ctx.out_dir, dict(submissions=[s.id for s in subs]))
+        graded = pipeline.grade_all(subs, ctx, baselines=["torch_reference", "sdpa_flash"],
+                                    build_jobs=2, journal=journal, **kw)
+        journal.finish("finished")
+        return ctx, graded
+
+    return dataclasses.make_dataclass("Course", ["grade", "recorder", "calibrated", "subs"])(
+        grade, recorder, calibrated, subs)
+
+
+def test_workers_share_the_students_and_time_every_baseline_on_every_gpu(course):
+    devices = [gpu(0), gpu(1)]
+    ctx, graded = course.grade(devices)
+    runs = course.recorder.runs
+    assert sorted(course.calibrated) == sorted(d.uuid for d in devices)   # each on its own GPU
+    students = [r for r in runs if r["role"] == "student"]
+    assert sorted(r["what"] for r in students) == [f"s{i}" for i in range(8)]   # each once
+    for what in ("torch_reference", "sdpa_flash", "solution"):   # once on every GPU
+        assert sorted(r["slot"] for r in runs if r["what"] == what) == [0, 1]
+    assert {r["slot"] for r in students} == {0, 1}   # both GPUs took students
+    for slot in (0, 1):   # one at a time on each GPU, from one thread, on its own CPUs
+        mine = sorted((r for r in runs if r["slot"] == slot), key=lambda r: r["start"])
+        assert all(a["end"] <= b["start"] for a, b in zip(mine, mine[1:]))
+        assert {r["thread"] for r in mine} == {f"gpu-worker-{slot}"}
+        assert {r["uuid"] for r in mine} == {devices[slot].uuid}
+    # Every result records the GPU that graded it; the first GPU's baselines where they always
+    # were, the others' under baselines/gpu1/.
+    out = ctx.out_dir
+    for r in runs:
+        if r["role"] == "student":
+            assert load_result(out / f"{r['what']}.json").gpu.uuid == r["uuid"]
+    assert load_result(out / "baselines" / "sdpa_flash.json").gpu == GpuRef(0, "NVIDIA H200", devices[0].uuid)
+    assert load_result(out / "baselines" / "gpu1" / "sdpa_flash.json").gpu.index == 1
+    assert load_result(out / "baselines" / "gpu1" / "solution.json").timing.median_ms == 11.0
+    assert len(graded) == 8 + 2 * 3
+    # The page's roster: one row each; the other GPU's baselines read apart.
+    run = json.loads((out / "_run.json").read_text())
+    assert len(run["roster"]) == 8 + 2 * 3 and run["progress"]["graded"] == 14
+    rows = read_results(out)
+    assert sorted(r.id for r in rows if r.role == "baseline") == ["sdpa_flash", "solution", "torch_reference"]
+    assert all(r.gpu.index == 0 for r in rows if r.role == "baseline")
+    copies = read_gpu_copies(out)
+    assert sorted((r.id, r.gpu.index) for r in copies) == [
+        ("sdpa_flash", 1), ("solution", 1), ("torch_reference", 1)]
+
+
+def test_a_rerun_resumes_and_a_baseline_from_another_gpu_is_timed_again(course):
+    course.grade([gpu(0), gpu(1)])
+    before = len(course.recorder.runs)
+    _, graded = course.grade([gpu(0), gpu(1)])
+    assert graded == [] and len(course.recorder.runs) == before   # nothing changed: all skipped
+    # One GPU, now GPU 1: the students keep their results (same kind of GPU: the same key), the
+    # baselines are timed again on it, their files the first GPU's.
+    _, graded = course.grade([gpu(1)])
+    assert sorted(r.id for r in graded) == ["sdpa_flash", "solution", "torch_reference"]
+    assert {r.gpu.index for r in graded} == {1}
+
+
+def test_one_gpu_runs_as_before(course):
+    ctx, graded = course.grade([gpu(0)])
+    assert {r["slot"] for r in course.recorder.runs} == {0}
+    assert len(graded) == 8 + 3 and not (ctx.out_dir / "baselines" / "gpu1").exists()
+    roster = json.loads((ctx.out_dir / "_run.json").read_text())["roster"]
+    assert not any("gpu" in e for e in roster)
+    assert {r["thread"] for r in course.recorder.runs} == {"gpu-worker-0"}
+
+
+def test_an_unhealthy_gpu_stops_every_worker(course, monkeypatch):
+    fine = course.recorder.grade_submission
+    count = []
+
+    def sick(sub, build, ctx, source=""):
+        if ctx.slot == 1 and sub.role is Role.STUDENT:
+            count.append(sub.id)
+            raise pipeline.GpuUnhealthy("GPU 1 failed its health check")
+        return fine(sub, build, ctx, source)
+
+    monkeypatch.setattr(pipeline, "grade_submission", sick)
+    with pytest.raises(pipeline.GpuUnhealthy, match="GPU 1"):
+        course.grade([gpu(0), gpu(1)])
+    assert len(count) == 1   # the worker stopped at once
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpu-worker-") and t.is_alive()]
+
+
+def test_ctrl_c_stops_every_worker_and_keeps_what_finished(course, monkeypatch, tmp_path):
+    fine = course.recorder.grade_submission
+    done = []
+
+    def then_interrupt(sub, build, ctx, source=""):
+        result = fine(sub, build, ctx, source)
+        done.append(sub.id)
+        if len(done) == 3:
+            _thread.interrupt_main()   # a Ctrl-C in the grader's main thread
+            deadline = time.monotonic() + 60   # this one's result comes after the run stopped
+            while not procs.CHILDREN.cancelled.is_set() and time.monotonic() < deadline:
+                time.sleep(0.05)       # (cancel_all, once the main thread has the Ctrl-C)
+        return result
+
+    monkeypatch.setattr(pipeline, "grade_submission", then_interrupt)
+    # interrupt_main does nothing where SIGINT is ignored (a test run started in the background)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            course.grade([gpu(0), gpu(1)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        procs.end_run()   # cancel_all set the run's stop flag: let later tests start children
+    assert not [t for t in threading.enumerate() if t.name.startswith("gpu-worker-") and t.is_alive()]
+    written = {p.stem for p in (tmp_path / "out").glob("s*.json")}
+    assert written and written < set(done)   # finished ones kept; the one cut off is not
+
+
+# ---------------------------------------------------------------- per-GPU baselines on the page
+
+
+def _result(id, role, ms, index, **kw) -> SubmissionResult:
+    return SubmissionResult(id=id, label=kw.pop("label", id), kind="builtin" if role == "baseline" else "python",
+                            role=role, status=Status.PASS, message="ok", timing=_timing(ms),
+                            timed_case="c", gpu=GpuRef(index, "NVIDIA H200", f"GPU-{index}"), **kw)
+
+
+RUN = dict(started_at="2026-11-23T12:00:00+00:00", finished_at="2026-11-23T12:10:00+00:00",
+           device=dict(cuda=True, name="NVIDIA H200", driver="580", torch_version="2.11",
+                       cuda_version="13.0", grader_version="0.1.0", matmul_tflops=700.0),
+           cases=[dict(id="c", hidden=False)], timed_case="c", rtol=0.01, atol=0.01,
+           gpus=[dict(index=0, name="NVIDIA H200", uuid="GPU-0", matmul_tflops=700.0),
+                 dict(index=1, name="NVIDIA H200", uuid="GPU-1", matmul_tflops=500.0)])
+
+
+def test_result_files_without_a_gpu_still_load_and_with_one_round_trip(tmp_path):
+    old = SubmissionResult(id="alice", label="alice", kind="python", role="student",
+                           status=Status.PASS, message="ok")
+    path = write_result(tmp_path, old)
+    assert "gpu" not in json.loads(path.read_text())   # as results were written before
+    assert load_result(path).gpu is None
+    new = dataclasses.replace(old, gpu=GpuRef(1, "NVIDIA H200", "GPU-1"))
+    assert load_result(write_result(tmp_path, new)).gpu == GpuRef(1, "NVIDIA H200", "GPU-1")
+
+
+def test_the_table_and_page_show_each_rows_gpu_and_how_far_the_gpus_agree():
+    results = [_result("torch_reference", "baseline", 100.0, 0, label="PyTorch reference"),
+               _result("sdpa_flash", "baseline", 20.0, 0, label="SDPA FLASH"),
+               _result("alice", "student", 10.0, 0), _result("bob", "student", 11.0, 1)]
+    copies = [_result("torch_reference", "baseline", 110.0, 1, label="PyTorch reference"),
+              _result("sdpa_flash", "baseline", 20.2, 1, label="SDPA FLASH")]
+    gpus = gpu_agreement(results, copies, RUN)
+    assert [b["medians"] for b in gpus["rows"]] == [[100.0, 110.0], [20.0, 20.2]]
+    assert gpus["max_spread_pct"] == pytest.approx(10.0) and not gpus["agree"]
+    assert "The GPUs DISAGREE" in gpus["line"] and "up to 10.0%" in gpus["line"]
+    rows = build_rows(results, run=RUN, gpu_copies=copies)
+    by = {r.name: r for r in rows}
+    assert by["bob"].gpu == "GPU 1" and by["alice"].gpu == "GPU 0"
+    assert by["bob"].speedup_vs_reference == pytest.approx(10.0)    # GPU 1's reference: 110 ms
+    assert by["alice"].speedup_vs_reference == pytest.approx(10.0)  # GPU 0's: 100 ms
+    assert by["bob"].percent_of_peak == pytest.approx(100 * 10.0 / 500.0)   # GPU 1's own peak
+    table = text_table(rows, width=120, gpus=gpus)
+    head = table.splitlines()[0]
+    assert "  gpu  verdict" in head
+    bob = next(line for line in table.splitlines() if " bob " in line)
+    assert bob[head.index("gpu") - 2:head.index("gpu") + 3].strip() == "1"
+    assert "PyTorch reference           100.000    110.000   10.00%" in table
+    assert "The GPUs DISAGREE" in table
+    page = render_leaderboard(rows, RUN, history=[], gpus=gpus)
+    assert "<h2>GPUs</h2>" in page and "GPU 1 (NVIDIA H200) ms" in page
+    assert '<p class="note">The GPUs DISAGREE' in page
+    assert '<span class="label">on</span>GPU 1</td>' in page and 'colspan="8"' in page
+    # Within 2%: said, and not as a warning.
+    close = gpu_agreement(results, [dataclasses.replace(c, timing=_timing(c.timing.median_ms * 0.99 if
+                                                                          c.id == "sdpa_flash" else 101.0))
+                                    for c in copies], RUN)
+    assert close["agree"] and "they agree" in close["line"] and "at most 1.00%" in close["line"]
+
+
+def test_one_gpu_pages_and_tables_are_unchanged():
+    results = [_result("torch_reference", "baseline", 100.0, 0), _result("alice", "student", 10.0, 0)]
+    one = dict(RUN, gpus=RUN["gpus"][:1])
+    assert gpu_agreement(results, [], one) is None
+    rows = build_rows(results, run=one)
+    assert all(r.gpu == "" for r in rows)
+    def shown(rows):
+        return [(r.name, r.rank, r.speedup_vs_reference, r.percent_of_peak, r.score, r.gpu) for r in rows]
+
+    assert shown(rows) == shown(build_rows([dataclasses.replace(r, gpu=None) for r in results], run=one))
+    assert " gpu " not in text_table(rows, width=120)
+    page = render_leaderboard(rows, one, history=[])
+    assert "<h2>GPUs</h2>" not in page and 'colspan="7"' in page
