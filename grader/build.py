@@ -282,15 +282,34 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
         cmd = [sys.executable, "-m", "grader.build", mode, str(sub.source), "--name",
                sub.module_name, "--build-dir", str(build_dir), "--arch", device.arch,
                "--nvcc", device.nvcc]
+    env = child_env(cuda=device.cuda)
+    if sub.kind is Kind.PYTHON:   # imported beside other submissions' timed calls: no GPU at all
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        sandbox = sandbox.without_gpus() if sandbox is not None else None
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
         cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path])
-    proc = run_limited(cmd, timeout_s=timeout, env=child_env(cuda=device.cuda), cwd=sub.path,
+    proc = run_limited(cmd, timeout_s=timeout, env=env, cwd=sub.path,
                        head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
                        memory_bytes=int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None,
                        file_bytes=int(limits.file_gb * (1 << 30)),
                        cpus=split_cpus(limits.gpu_stage_cpus).build)   # off the timed calls' CPUs
     _write_log(log_path, proc.output)
+    if mode == "import" and device.cuda and not proc.ok and not proc.timed_out \
+            and NEEDS_A_GPU.search(proc.output):
+        return BuildResult(Status.PASS, mode, proc.elapsed_s,
+                           artifact=artifact_path(build_dir, mode, sub.module_name),
+                           message="uses the GPU when imported: imported on its GPU, at its first case",
+                           log_tail=relevant_log(proc.output, sub.source.name)), proc.output
     return _interpret(proc, mode, sub, build_dir, timeout), proc.output
+
+
+# A Python submission's import check runs with no GPU (it overlaps other submissions' timed calls
+# on a GPU machine, tests/adversarial/import_gpu_hog_py). A file that uses the GPU when imported
+# (a device query, a constant on the GPU) fails there with one of these; it is then imported on
+# its own GPU worker's GPU by the run stage, whose load error is its first case's verdict.
+NEEDS_A_GPU = re.compile(r"No CUDA GPUs are available|no CUDA-capable device|Found no NVIDIA "
+                         r"driver|CUDA driver initialization failed|cudaErrorNoDevice|"
+                         r"0 active drivers")
 
 
 def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,

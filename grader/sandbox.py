@@ -77,6 +77,11 @@ class Sandbox:
         (`minor`: device.device_minor; None, unknown: every GPU's node, as without workers)."""
         return self if minor is None else dataclasses.replace(self, gpu_nodes=(f"/dev/nvidia{minor}",))
 
+    def without_gpus(self) -> "Sandbox":
+        """This sandbox with no GPU's node at all (a Python submission's import check, which
+        runs while other submissions are timed: it must not load their GPUs)."""
+        return dataclasses.replace(self, gpu_nodes=())
+
     def device_nodes(self) -> list[str]:
         """The device nodes bound into the sandbox: the NVIDIA driver's, and /dev/dri."""
         nodes = sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri"))

@@ -36,6 +36,36 @@ def test_python_import_errors_are_build_errors(make_submission, tmp_path):
     assert r.status is Status.PASS
 
 
+def test_on_a_gpu_machine_the_import_check_sees_no_gpu_and_a_file_that_needs_one_is_run(
+        make_submission, tmp_path):
+    # Red team, session 7 (tests/adversarial/import_gpu_hog_py): the import check runs while
+    # other submissions are timed, so it gets no GPU; a file that uses one when imported passes
+    # the build and is imported on its own GPU worker's GPU, at its first case.
+    import dataclasses
+    gpu = dataclasses.replace(CPU, cuda=True, name="NVIDIA H100", capability=(9, 0))
+    sees = make_submission("sees", """
+        import os
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "", os.environ["CUDA_VISIBLE_DEVICES"]
+        def custom_kernel(data):
+            return data[0]
+    """)
+    needs = make_submission("needs", """
+        raise RuntimeError("No CUDA GPUs are available")
+        def custom_kernel(data):
+            return data[0]
+    """)
+    broken = make_submission("broken", "raise ValueError('not finished')\n")
+    limits = config.Limits()
+    r = build_submission(inspect_folder(sees), build_dir=tmp_path / "b1", device=gpu, limits=limits)
+    assert r.status is Status.PASS, r.log_tail
+    r = build_submission(inspect_folder(needs), build_dir=tmp_path / "b2", device=gpu, limits=limits)
+    assert r.status is Status.PASS and "imported on its GPU, at its first case" in r.message
+    r = build_submission(inspect_folder(broken), build_dir=tmp_path / "b3", device=gpu, limits=limits)
+    assert r.status is Status.BUILD_ERROR and "not finished" in r.message
+    r = build_submission(inspect_folder(needs), build_dir=tmp_path / "b4", device=CPU, limits=limits)
+    assert r.status is Status.BUILD_ERROR   # without a GPU anywhere, that is the verdict
+
+
 def test_import_that_hangs_times_out(make_submission, tmp_path, monkeypatch):
     monkeypatch.setattr(build, "machine_load", lambda: 0.1)   # an idle machine: the student's
     hang = make_submission("hang", "import time\ntime.sleep(600)\n")

@@ -170,6 +170,8 @@ def test_a_workers_sandbox_binds_only_its_own_gpu_node(monkeypatch):
     assert one[-2:] == ["python", "loop.py"]
     assert box.for_gpu(1).describe() == box.describe()   # the key's part: unchanged
     assert Sandbox(None, "off").for_gpu(1).wrap(["true"]) == ["true"]
+    # a Python submission's import check (build.py): no GPU's node at all
+    assert _bound(box.without_gpus().wrap(["true"])) == shared
 
 
 def test_device_minor_comes_from_the_drivers_account(tmp_path):

@@ -10,7 +10,11 @@ time other submissions (on one GPU too: builds never take the GPU lock), and the
 check counts only CUDA contexts in the timed submission's own process tree. So this file's
 import slows down whatever is being timed meanwhile, on every GPU; the rows timed then rank below
 this one, and nothing on the page says why. Its own verdict is an honest pass, which is the
-problem: the grader should see (or prevent) GPU work outside the subject of the run it times."""
+problem: the grader should see (or prevent) GPU work outside the subject of the run it times.
+
+Fixed (session 7): the import check runs with no GPU (no /dev/nvidiaN in its sandbox, an empty
+CUDA_VISIBLE_DEVICES); this file's hog then finds none, and its import on the GPU happens in the
+run stage, on its own GPU worker's GPU, which nothing else uses meanwhile. Its verdict stays pass."""
 import time
 
 import torch
