@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from .submission import split_sources
+
 # Kernels from PyTorch and vendor libraries: namespaces and name prefixes that a submission's own
 # __global__ function or @triton.jit function does not have.
 LIBRARY_KERNEL = re.compile(
@@ -107,7 +109,6 @@ def own_kernel_names(source: str) -> KernelNames:
     or passed to triton.jit) and, for each TileLang @T.prim_func, the kernel TileLang generates
     from it (`attention` -> `attention_kernel`). A plain Python function is no kernel: naming one
     after a library's kernel does not make that kernel the submission's."""
-    from .submission import split_sources
     python, cpp = set(), set()
     for path, text in split_sources(source).items():
         if not path.endswith(".py"):   # C++ (or, without file marks, either)
@@ -135,11 +136,11 @@ def _cpp_kernels(source: str) -> set[str]:
 
 
 def _python_kernels(source: str) -> set[str]:
-    names = {name for decorators, name in _DECORATED_DEF.findall(source)
-             if re.search(r"\bjit\b", decorators)}
+    decorated = _DECORATED_DEF.findall(source)
+    names = {name for decorators, name in decorated if re.search(r"\bjit\b", decorators)}
     names |= set(re.findall(r"\bjit\s*\(\s*(\w+)\s*[,)]", source))   # triton.jit(f)
     # TileLang names the kernel it generates from a @T.prim_func after it: `<name>_kernel`.
-    names |= {f"{name}_kernel" for decorators, name in _DECORATED_DEF.findall(source)
+    names |= {f"{name}_kernel" for decorators, name in decorated
               if re.search(r"\bprim_func\b", decorators)}
     names |= {f"{name}_kernel" for name in re.findall(r"\bprim_func\s*\(\s*(\w+)\s*\)", source)}
     return names
@@ -207,7 +208,6 @@ TAMPERING = re.compile(
 def code_lines(source: str):
     """(where, line) of each line of code: 'file line N' (files as read_sources marks them), with
     comments, docstrings and block comments left out."""
-    from .submission import split_sources
     for name, text in split_sources(source).items():
         in_block = None
         for number, line in enumerate(text.split("\n"), 1):

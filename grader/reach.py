@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import importlib
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -144,6 +145,7 @@ _DUNDER = re.compile(r"^__\w+__$")
 # PyTorch operators that create, view, copy or move tensors (the `aten::` names of
 # integrity.CPU_ALLOWED_OPS); every other operator computes, and computing is the submission's job.
 from .integrity import CPU_ALLOWED_OPS  # noqa: E402
+from .submission import split_sources  # noqa: E402
 
 DATA_OPS = frozenset(op.split("::", 1)[1] for op in CPU_ALLOWED_OPS)
 
@@ -577,7 +579,6 @@ def audit_sources(source: str, folder: Path | None = None) -> list[ReachFinding]
     """python_reach of the Python files in read_sources' text; with the folder, also every .py
     there that read_sources did not read (too large, too many, a link, a hidden folder): it could
     still be imported, and what was not read cannot be cleared."""
-    from .submission import split_sources
     files = split_sources(source)
     findings = python_reach(files)
     if folder is not None:
@@ -598,8 +599,6 @@ def cpp_includes(source: str) -> list[ReachFinding]:
     """What the C++ files of read_sources' text include that no kernel of the student's own
     needs: CUTLASS's kernel-level headers (CUTLASS_KERNEL_HEADERS, after '..' is resolved), and
     an include whose file is computed by a macro (it could name one)."""
-    import posixpath
-    from .submission import split_sources
     findings = []
     for name, text in split_sources(source).items():
         if name.endswith(".py"):
