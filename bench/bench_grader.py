@@ -167,7 +167,11 @@ def grade_course(course: Path, *, work: Path, label: str, gpus: str | None, cpu:
     print(f"[{label}] {' '.join(cmd[1:])}  (log: {log})", file=sys.stderr, flush=True)
     started = time.monotonic()
     with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        # SIGINT as a terminal gives it: a bench started in the background by a non-interactive
+        # shell (scripts/gpu_session.sh --background) inherits it ignored, and then --stop-after's
+        # Ctrl-C never reached the grader (session 8: killed after 300 s more, no figures).
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         stopped = False
         try:
             proc.wait(timeout=stop_after)

@@ -4,6 +4,7 @@ on the GPU) -> one result file each, written the moment it is known."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -31,7 +32,7 @@ from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, gpu_
 from .progress import Progress
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
-from .sandbox import Sandbox
+from .sandbox import Sandbox, give_to_sandbox
 from .status import Status, worst
 from .submission import Kind, Role, Submission, read_sources
 from .text import clean, clean_line
@@ -106,20 +107,20 @@ def now() -> str:
 
 
 def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-                         work: Path) -> tuple[dict, str]:
+                         work: Path, jit: Path | None = None) -> tuple[dict, str]:
     """run_cases, and the build stage's rule for a machine too busy to tell slow from hung
     (config.OVERLOADED_PER_CORE): a timeout on a machine that was overloaded before the cases
     started is run once more; a second one, the load again that high before it, is the machine's
     (environment_error: never scored). The load is read before each try, never during one: a
     hung submission's own threads cannot make its timeout the machine's."""
     load = machine_load()   # before: while the cases run, the submission adds to the load
-    runs, output = run_cases(sub, build, cases, ctx, work)
+    runs, output = run_cases(sub, build, cases, ctx, work, jit)
     if not _timed_out(runs) or load < config.OVERLOADED_PER_CORE:
         return runs, output
     ctx.progress.note(f"{sub.id}: a case timed out while the machine was overloaded (load "
                       f"{load:.1f} per core); running the cases again")
     load = min(load, machine_load())
-    runs, output = run_cases(sub, build, cases, ctx, work)
+    runs, output = run_cases(sub, build, cases, ctx, work, jit)
     if _timed_out(runs) and load >= config.OVERLOADED_PER_CORE:
         for r in runs.values():
             if r["status"] == Status.TIMEOUT.value:
@@ -140,6 +141,13 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     `source`: its folder's sources, read before any of its code ran (own kernel names).
 
     Its wall time is the build's plus its own stages', not the time it waited for the GPU."""
+    with jit_cache(sub) as jit:
+        return _grade_built(sub, build, ctx, source, jit)
+
+
+def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
+                 jit: Path | None) -> SubmissionResult:
+    """grade_submission, with the submission's JIT cache folder (jit_cache)."""
     started = time.monotonic() - build.elapsed_s
     clock = StageClock(build.elapsed_s)
     role = "calibration" if ctx.calibration and sub.role is Role.STUDENT else sub.role.value
@@ -161,7 +169,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
         clock.start("run")
-        runs, run_output = run_cases_under_load(sub, build, runnable, ctx, work)
+        runs, run_output = run_cases_under_load(sub, build, runnable, ctx, work, jit)
         _save_log(ctx, log_id, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
@@ -191,7 +199,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
         clock.start("time")
         timed = largest(list(ctx.cases))
         timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
-                                log_name=log_id)
+                                log_name=log_id, jit=jit)
         clock.stop()
         if isinstance(timed_run, tuple):
             status, message = timed_run
@@ -287,6 +295,34 @@ def _folder(sub: Submission, build: BuildResult | None) -> list[Path]:
     if sub.kind is Kind.CUDA and build is not None and build.artifact:
         return [sub.path, Path(build.artifact).parent]
     return [sub.path]
+
+
+# JIT compilers' caches (Triton's, TileLang's): one folder per submission, written by its run and
+# timing processes and seen by no other submission's. The sandbox gives each process a fresh $HOME,
+# so the timing process compiled every kernel again: about 8 s of a Triton submission's 28 s
+# timing stage on an H100 (session 8, notes/throughput.md). Without the sandbox, submissions shared
+# ~/.triton/cache, where one could leave a compiled kernel for another to load. The folder is as
+# exposed as a Python submission's build folder is to its import check: writable, on scratch.
+JIT_CACHE_VARS = {"TRITON_CACHE_DIR": "triton", "TILELANG_CACHE_DIR": "tilelang"}
+
+
+@contextlib.contextmanager
+def jit_cache(sub: Submission):
+    """The submission's JIT cache folder for its GPU stages (None for a CUDA build), removed after."""
+    if sub.kind is not Kind.PYTHON:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix=f"jit-{sub.module_name}-", dir=_scratch(1 << 30)) as tmp:
+        folder = Path(tmp)
+        for name in JIT_CACHE_VARS.values():
+            (folder / name).mkdir()
+        give_to_sandbox(folder)   # written as the sandbox's user
+        yield folder
+
+
+def jit_env(env: dict, jit: Path | None) -> dict:
+    """A subject's environment with its JIT caches in `jit`."""
+    return env if jit is None else {**env, **{var: str(jit / name) for var, name in JIT_CACHE_VARS.items()}}
 
 
 def _read_source(sub: Submission) -> str | None:
@@ -391,14 +427,16 @@ def _target(sub: Submission, build: BuildResult | None) -> dict:
 
 
 def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folder: list[Path],
-                deadline_s: float, **fields) -> tuple[dict | None, str]:
+                deadline_s: float, jit: Path | None = None, **fields) -> tuple[dict | None, str]:
     """Run grader/harness.py (trusted: it never imports the submission) in `mode`; it starts the
-    subject in the sandbox, read-only on `folder`. Returns the harness's record (None if the
-    harness itself failed) and the text for the log."""
+    subject in the sandbox, read-only on `folder` and writable on its JIT cache `jit`. Returns the
+    harness's record (None if the harness itself failed) and the text for the log."""
     cwd = folder[0] if folder else SUBJECT.parent
     result_path = work / f"{mode}.json"
     spec = dict(mode=mode, device=ctx.device_name, target=target,
-                subject_cmd=ctx.sandbox.wrap([sys.executable, str(SUBJECT)], readonly=folder),
+                subject_cmd=ctx.sandbox.wrap([sys.executable, str(SUBJECT)], readonly=folder,
+                                             writable=[jit] if jit else []),
+                env=jit_env(ctx.env, jit) if jit else None,
                 cwd=str(cwd), head_bytes=ctx.limits.output_head_bytes,
                 tail_bytes=ctx.limits.output_tail_bytes,
                 file_bytes=int(ctx.limits.file_gb * (1 << 30)), deadline_s=deadline_s,
@@ -415,11 +453,11 @@ def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folde
 
 
 def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-              work: Path) -> tuple[dict[str, dict], str]:
+              work: Path, jit: Path | None = None) -> tuple[dict[str, dict], str]:
     """Each case once, driven by the harness; one record per case:
     {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', ...}."""
     record, output = run_harness("run", _target(sub, build), ctx, work, folder=_folder(sub, build),
-                                 deadline_s=ctx.limits.run_s, cases=[c.to_dict() for c in cases],
+                                 deadline_s=ctx.limits.run_s, jit=jit, cases=[c.to_dict() for c in cases],
                                  case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases}
                                  if ctx.device.cuda else {})
     if record is None:
@@ -435,12 +473,12 @@ class TimedRun:
 
 
 def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Path],
-                log_name: str | None = None) -> TimedRun | tuple[Status, str]:
+                log_name: str | None = None, jit: Path | None = None) -> TimedRun | tuple[Status, str]:
     """Timing statistics of one case, measured by the harness; or (status, message) if the
     subject failed while being timed."""
     with tempfile.TemporaryDirectory(prefix="time-", dir=_scratch()) as tmp:
         record, output = run_harness(
-            "time", target, ctx, Path(tmp), folder=folder, deadline_s=ctx.limits.time_s,
+            "time", target, ctx, Path(tmp), folder=folder, deadline_s=ctx.limits.time_s, jit=jit,
             case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
             coarse_ms=coarse_ms(case, ctx.device),
             protocol=ctx.protocol.to_dict(), precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]))

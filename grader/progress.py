@@ -9,6 +9,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from .text import headline
+
 if TYPE_CHECKING:
     from .results import SubmissionResult
 
@@ -100,7 +102,7 @@ class Progress:
             self.finished += 1
             self.graded += 1
             self.counts[result.status.value] += 1
-            verdict = result.message.splitlines()[0] if result.message else ""
+            verdict = headline(result.message)
             eta = self.eta()
             self._line(f"{result.label}: {result.status.value} - {verdict} ({result.wall_s:.1f}s)"
                        f"{' on ' + where if where else ''}"

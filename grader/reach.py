@@ -21,7 +21,7 @@ Invariant. A submission is ranked only if
     importing the module, so none of its code has run) imports no symbol on NATIVE_REACH (the
     Python C API, the dynamic linker and PyTorch's wrapper of it, driver entry points and module
     loaders, other processes' memory, threads, files, the profiler, cuBLAS, cuDNN, the
-    dispatcher), no plain C function outside C_ALLOWED, no PyTorch operator that computes
+    dispatcher), no plain C function outside C_ALLOWED (the driver: tensor-map encoding only), no PyTorch operator that computes
     (at::_ops or a backend namespace, outside DATA_OPS), its host code has no system call
     instruction, and it compiles no library's kernel (library_kernels: CUTLASS's, by the rule
     integrity.classify_launched applies to what runs; CuTe-templated kernels are the student's).
@@ -75,6 +75,7 @@ f_back f_globals f_locals f_builtins f_code tb_frame tb_next gi_frame cr_frame a
 cudart nvtx package sys_importer hub cpp_extension load_inline load_library
 compile_module_from_src load_binary fromfile from_file memmap frombuffer stride_tricks
 serialization knobs ir_override
+tofile savetxt savez savez_compressed open_memmap SummaryWriter
 weights_only allow_pickle pickle_module CUDAPluggableAllocator XPUPluggableAllocator
 change_current_allocator FunctionEvent EventList overrides library mro share_memory_
 set_trace settrace setprofile
@@ -86,6 +87,12 @@ REACH_PARTS = re.compile(r"profil|kineto|cupti", re.IGNORECASE)
 # aliases a file imports (`import torch as t; t.load(...)` and `from torch import load` are both
 # `torch.load`).
 REACH_PATHS = frozenset({"torch.load", "numpy.load", "torch.jit.load", "torch.ops.load_library"})
+# ... and that write files (with the names tofile, savetxt, savez, open_memmap, SummaryWriter
+# above). A kernel writes no file, and a JIT compiler's cache folder (pipeline.jit_cache, $HOME in
+# the sandbox) is where Triton finds the launcher library it loads: bytes written there by the
+# submission would be native code that no audit read (red team, session 8).
+WRITE_PATHS = frozenset({"torch.save", "numpy.save", "torch.jit.save", "torch.export.save",
+                         "torch.onnx.export"})
 
 ALLOWED_DUNDERS = frozenset({
     "__init__", "__name__", "__call__", "__len__", "__repr__", "__str__", "__eq__", "__hash__",
@@ -174,6 +181,12 @@ NATIVE_REACH = [(why, re.compile(rf"^({pattern})$", re.VERBOSE)) for why, patter
 _BACKEND_OP = re.compile(r"^at::(cpu|cuda|meta|mps|xpu)::([a-z0-9_]+)$")
 _BACKEND_HELPERS = frozenset({"warp_size"})
 
+# The CUDA driver's functions an object may import (grader/build.py links the driver into every
+# extension for them): encoding a TMA tensor map, which fills a 128-byte descriptor on the host
+# and loads, launches and reads nothing (FlashAttention-3's and the solution's kernel 6's loads),
+# and the driver's error names for messages. Every other driver call is a way out.
+DRIVER_ALLOWED = r"cuTensorMapEncode(Tiled|Im2col|Im2colWide) | cuGetError(String|Name)"
+
 # Plain C symbols (no namespace) an object may import: the CUDA runtime's launch and query calls,
 # the C++ runtime, memory and string functions, printing, allocation and math. `exit`: nvcc gives
 # every __device__ function that is not inline a host stub that calls exit(1) (CuTe kernels' helpers
@@ -182,7 +195,7 @@ _BACKEND_HELPERS = frozenset({"warp_size"})
 C_ALLOWED = re.compile(r"""^(
     _GLOBAL_OFFSET_TABLE_ | __dso_handle | __libc_single_threaded | _Unwind_\w+ |
     __gxx_personality_v0 | __cxa_\w+ | __cuda\w+ | __nv\w+ |
-    cuda(?!GetDriverEntryPoint|Ipc|Library|GetFuncBySymbol|Profiler)\w+ |
+    cuda(?!GetDriverEntryPoint|Ipc|Library|GetFuncBySymbol|Profiler)\w+ | """ + DRIVER_ALLOWED + r""" |
     atexit | abort | exit | __assert_fail | __stack_chk_fail | __errno_location |
     mem(cpy|move|set|cmp|chr) | __mem(cpy|move|set)_chk |
     str(len|nlen|cmp|ncmp|cpy|ncpy|cat|ncat|chr|rchr|str|dup|tol|toul|tod|tof|toll|toull) |
@@ -334,6 +347,9 @@ class _Audit(ast.NodeVisitor):
         (`enum.bltns` is builtins), nor at something that runs a file's code (REACH_PATHS)."""
         if path in REACH_PATHS:
             self.flag(node, path, "runs code from a file or loads native code")
+        if path in WRITE_PATHS:
+            self.flag(node, path, "writes a file: a cache a compiler loads from could be "
+                      "given native code no audit read")
         parts = path.split(".")
         if parts[0] == "tilelang" and len(parts) > 1 and (
                 parts[1] not in TILELANG_API or   # tilelang.jit.kernel is a module, not the API

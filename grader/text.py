@@ -44,6 +44,15 @@ def clean_line(text: str | bytes | None, limit: int = 300) -> str:
     return clean(text, limit).replace("\n", " ").replace("\t", " ")
 
 
+def headline(message: str | None) -> str:
+    """A verdict's message as one line (the console, the verdict's summary): its first line, and
+    the line after it when the first ends in ':' ("Remove them:" names nothing on its own)."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+
+
 def read_utf8(path, error: type[Exception], what: str) -> str:
     """The text of a file the instructor wrote (cases, policy): a BOM, as Windows editors write
     one, is fine; a file that cannot be read, or a byte that is not UTF-8, raises `error` with the

@@ -11,10 +11,12 @@
 #   sh scripts/gpu_session.sh --background adversarial bench-grader  # past one call's 10 minutes
 #   sh scripts/gpu_session.sh --poll                                  # later calls, < 30 s apart
 #
-# Tasks: smoke (device, one example checked), test-gpu, examples (make grade of examples/ with
-# the baselines), adversarial, timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6
-# (bench/kernel6_check.py). A background run works on a copy of the tree in /tmp/run, since
-# every call replaces the tree it was started from.
+# Tasks: smoke (device, one example checked), solution (the reference solution checked, with
+# the driver link it needs), tracks (the CuTe and TileLang examples checked), test-gpu (without
+# the adversarial set), examples (make grade of examples/ with the baselines), adversarial,
+# timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py).
+# A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
+# it was started from.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -39,7 +41,12 @@ task() {
     echo "== $name $(date -u +%H:%M:%S)"
     case $name in
         smoke) .venv/bin/python -m grader check examples/triton_flash ;;
-        test-gpu) make test-gpu ;;
+        solution) make env && .venv/bin/python -c 'from grader.build import driver_ldflags; print("driver link:", driver_ldflags())' \
+                      && .venv/bin/python -m grader check solution ;;
+        tracks) .venv/bin/python -m grader check examples/cute_flash \
+                    && .venv/bin/python -m grader check examples/tilelang_flash ;;
+        # the adversarial set's GPU test grades 48 submissions (about 18 minutes): its own task
+        test-gpu) make test-gpu PYTEST_ARGS="-k 'not adversarial'" ;;
         examples) make grade RESULTS=results-examples && cp results-examples/grades.csv "$OUT/" ;;
         adversarial) make adversarial; python3 tests/adversarial/verdicts.py results-adversarial ;;
         timing-trust) make timing-trust && cp bench/timing_trust.json "$OUT/" ;;

@@ -178,3 +178,32 @@ def test_a_run_that_times_out_on_an_overloaded_machine_is_retried_then_the_machi
     monkeypatch.setattr(pipeline, "machine_load", lambda: next(loads))
     runs, _ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
     assert runs["c1"]["status"] == "timeout" and len(calls) == 4
+
+
+def test_every_extension_links_the_cuda_driver_from_the_stub_or_the_installed_library(
+        tmp_path, monkeypatch):
+    """Tensor-map encoding (cuTensorMapEncodeTiled) needs the driver linked in; the toolkit's stub
+    comes first (no GPU needed), then the installed driver's libcuda.so.1, then nothing."""
+    home, driver = tmp_path / "cuda", tmp_path / "driver"
+    (home / "targets" / "x86_64-linux" / "lib" / "stubs").mkdir(parents=True)
+    driver.mkdir()
+    (driver / "libcuda.so.1").write_bytes(b"")
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build.os.path, "isfile",
+                        lambda p, real=build.os.path.isfile: real(p) and str(p).startswith(str(tmp_path)))
+    monkeypatch.setattr(build, "_driver_folders", lambda: [str(driver)])
+
+    def flags():
+        build.driver_ldflags.cache_clear()
+        return build.driver_ldflags()
+    try:
+        assert flags() == (f"-L{driver}", "-l:libcuda.so.1")
+        (home / "targets" / "x86_64-linux" / "lib" / "stubs" / "libcuda.so").write_bytes(b"")
+        assert flags() == (f"-L{home}/targets/x86_64-linux/lib/stubs", "-lcuda")
+        monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nothing"))
+        (driver / "libcuda.so.1").unlink()
+        assert flags() == ()
+    finally:
+        build.driver_ldflags.cache_clear()

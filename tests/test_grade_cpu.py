@@ -241,3 +241,36 @@ def test_ci_installs_nothing_the_readme_does_not_and_clean_keeps_results():
     clean = _make_dry_run("-B", "clean")
     assert "results" not in clean and "rm -rf" in clean
     assert "results" in _make_dry_run("-B", "clean-results")
+
+
+def test_a_python_submissions_stages_share_its_jit_cache_and_no_one_elses(make_submission):
+    """A Triton submission's timing process finds the kernels its run process compiled (session 8:
+    recompiling cost about 8 s of a 28 s timing stage on an H100); another submission's processes
+    never see them. Sandboxed where bubblewrap works (then as the sandbox's user), else plain."""
+    from grader.pipeline import jit_cache, jit_env
+    from grader.procs import child_env, run_limited
+    from grader.sandbox import Sandbox, default_layout
+    from grader.submission import inspect_folder
+    sandbox = Sandbox.probe(**default_layout(), mode="auto")
+    if not sandbox.active and os.environ.get("REQUIRE_SANDBOX") == "1":
+        pytest.fail("REQUIRE_SANDBOX=1 but bubblewrap cannot run here")
+    a, b = (inspect_folder(make_submission(n, "def custom_kernel(data):\n    return data[0]\n"))
+            for n in ("a", "b"))
+    write = ("import os, pathlib; d = pathlib.Path(os.environ['TRITON_CACHE_DIR']); "
+             "(d / 'kernel.cubin').write_text('compiled'); print(sorted(p.name for p in d.iterdir()))")
+    read = ("import os, pathlib; print(sorted(p.name for p in "
+            "pathlib.Path(os.environ['TRITON_CACHE_DIR']).iterdir()))")
+
+    def run(jit, code: str) -> str:
+        cmd = sandbox.wrap([sys.executable, "-c", code], writable=[jit])
+        proc = run_limited(cmd, timeout_s=120, env=jit_env(child_env(cuda=False), jit))
+        assert proc.ok, proc.output[-2000:]
+        return proc.output.strip().splitlines()[-1]
+    with jit_cache(a) as jit_a, jit_cache(b) as jit_b:
+        assert jit_a != jit_b
+        assert run(jit_a, write) == "['kernel.cubin']"    # the run stage compiles
+        assert run(jit_a, read) == "['kernel.cubin']"     # the timing stage finds it
+        assert run(jit_b, read) == "[]"                   # another submission does not
+    assert not jit_a.exists() and not jit_b.exists()
+    with jit_cache(inspect_folder(make_submission("c", "x", filename="submission.cu"))) as none:
+        assert none is None                               # a CUDA build has nothing to JIT

@@ -46,3 +46,18 @@ def test_skips_and_misses_are_counted_and_an_interruption_said():
     assert lines[-1].startswith("graded 1 of 5 in ")
     assert lines[-1].endswith(", skipped 1 unchanged, kept 2 (not in --only), 2 missing results, "
                               "interrupted: 1 of 2 graded: 2 mismatch · 1 pass")
+
+
+def test_a_verdict_that_lists_its_reasons_shows_the_first_on_the_console():
+    # Session 8 on the GPU: "flagged - reaches past its kernel: ... Remove them: (123.7s)" named
+    # nothing; the line after the colon is the reason.
+    import dataclasses
+    stream = io.StringIO()
+    progress = Progress(1, live=False, stream=stream)
+    flagged = dataclasses.replace(sample("a", Status.FLAGGED), message=(
+        "reaches past its kernel: ... Remove them:\n  cuda.cuda.o: cudaGetDriverEntryPointByVersion "
+        "(loads or looks up code behind the grader's back)\n  cuda.cuda.o: dlsym (...)"))
+    progress.done(flagged)
+    line = stream.getvalue().splitlines()[0]
+    assert "Remove them: cuda.cuda.o: cudaGetDriverEntryPointByVersion (loads" in line
+    assert "dlsym" not in line

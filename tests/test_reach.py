@@ -16,7 +16,7 @@ from grader import config, reach
 from grader.submission import read_sources
 
 from .adversarial.assemble import HERE as ADVERSARIAL, SHARED
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, has_nvcc
 
 REPO = Path(__file__).resolve().parents[1]
 HONEST_PYTHON = [EXAMPLES / "triton_flash", REPO / "student" / "triton"]
@@ -73,6 +73,11 @@ def test_every_attack_that_reaches_the_grader_is_seen(name):
     ("import torch\nx = torch.autograd.profiler_util.FunctionEvent", "profiler_util"),
     ("from torch import load as restore", "torch.load"),
     ("import torch\ntorch.cuda.memory.CUDAPluggableAllocator('x.so', 'a', 'b')", "CUDAPluggableAllocator"),
+    # red team, session 8: raw bytes into Triton's cache folder, where it finds its launcher .so
+    ("import numpy as np\nnp.frombuffer(b'', np.uint8).tofile('/tmp/t/k/launcher.so')", "tofile"),
+    ("import torch\nx = torch.zeros(1)\ntorch.save(x, 'f')", "torch.save"),
+    ("from numpy import save as keep\nkeep('f', x)", "numpy.save"),
+    ("import numpy\nnumpy.savez('f', x)", "savez"),
 ])
 def test_each_way_in_is_named(text, what):
     assert what in audit(text)
@@ -238,6 +243,49 @@ def test_an_objects_ways_in_are_named(tmp_path):
         assert what in named, (what, named)
     assert "Python C API" in named["PyImport_AddModule"]
     assert "computes" in named["at::_ops::matmul::call"]
+
+
+@needs_gxx
+def test_the_driver_gives_tensor_map_encoding_and_nothing_else(tmp_path):
+    """The grader links the CUDA driver into every extension (build.driver_ldflags) so that a
+    kernel's host code can encode TMA tensor maps; every other driver call is still a way out."""
+    obj = compile_object(tmp_path, """
+        extern "C" {
+          int cuTensorMapEncodeTiled(void*, int, unsigned, void*, const void*, const void*,
+                                     const void*, const void*, int, int, int, int);
+          int cuGetErrorString(int, const char**);
+          int cuTensorMapReplaceAddress(void*, void*);
+          int cuModuleLoadData(void**, const void*);
+          int cuLaunchKernel(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, void*, void**, void**);
+          int cuMemcpyDtoH_v2(void*, unsigned long long, unsigned long);
+          int cuCtxCreate_v2(void**, unsigned, int);
+        }
+        int forward(void* map, void* base) {
+            const char* s;
+            return cuTensorMapEncodeTiled(map, 6, 3, base, 0, 0, 0, 0, 0, 3, 2, 0)
+                 + cuGetErrorString(0, &s) + cuTensorMapReplaceAddress(map, base)
+                 + cuModuleLoadData(&map, base) + cuMemcpyDtoH_v2(base, 0, 4)
+                 + cuLaunchKernel(map, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0) + cuCtxCreate_v2(&map, 0, 0);
+        }""")
+    named = {f.what for f in reach.native_reach(obj)}
+    assert named == {"cuTensorMapReplaceAddress", "cuModuleLoadData", "cuLaunchKernel",
+                     "cuMemcpyDtoH_v2", "cuCtxCreate_v2"}, named
+
+
+@pytest.mark.skipif(not has_nvcc(), reason="needs nvcc")
+def test_the_reference_solution_passes_the_reach_audit(tmp_path):
+    """The solution is compiled as every submission is (the compile check's translation unit and
+    flags) and its object's imports audited: a kernel that reaches the driver through an
+    entry-point lookup would rank the reference row 'flagged' on the GPU (session 8, kernel 6)."""
+    from grader.device import find_nvcc
+    proc = subprocess.run([sys.executable, "-m", "grader.build", "compile_only",
+                           str(REPO / "solution" / "submission.cu"), "--name", "solution_audit",
+                           "--build-dir", str(tmp_path), "--arch", config.DEFAULT_CUDA_ARCH,
+                           "--nvcc", find_nvcc()], cwd=REPO, capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [f.describe() for f in reach.native_reach(tmp_path / "cuda.cuda.o")] == []
 
 
 def test_without_nm_the_audit_says_what_the_machine_lacks(monkeypatch, tmp_path):
