@@ -25,9 +25,8 @@ from .exports import NotWritten
 from .feedback import feedback_text
 from .intake import DropError, open_drop
 from .locks import RunLock
-from .pipeline import GpuUnhealthy, GradeContext, grade_all, now
+from .pipeline import GpuUnhealthy, grade_all, gpu_records, grading_context, now
 from .policy import POLICY_FILE, PolicyError, load_policy, missing_baselines
-from .procs import default_build_jobs
 from .progress import Progress
 from .report import terminal_table, write_reports
 from .results import RunFileError, read_results, read_run
@@ -190,8 +189,7 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
                limits=vars(limits), submissions=[s.id for s in subs],
                baselines=list(baselines), skipped=getattr(args, "skipped", []))
     gpus = [d for d in devices if d.cuda]   # one GPU worker each (grade --gpus)
-    run["gpus"] = [dict(index=d.index, name=d.name, uuid=d.uuid, matmul_tflops=d.matmul_tflops)
-                   for d in gpus]
+    run["gpus"] = gpu_records(gpus)
     resumed = previous_run_note(out)
     if resumed:
         print(f"note: {resumed}", file=sys.stderr)
@@ -202,17 +200,14 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     print(f"grading {len(subs)} submission(s) on {where}; {len(cases)} cases; results in {out}",
           file=sys.stderr)
     progress = Progress(len(subs) + len(baselines))
-    ctx = GradeContext(cases=tuple(cases), device=device, limits=limits,
-                       out_dir=out, build_dir=args.build_dir, progress=progress, sandbox=sandbox,
-                       calibration=args.calibration,
-                       precision=(policy.precision_factor, policy.precision_floor),
-                       build_cache=_build_cache(args, sandbox),
-                       gpus=tuple(gpus) if len(gpus) > 1 else ())
+    ctx = grading_context(cases=cases, device=device, devices=gpus, limits=limits, out_dir=out,
+                          build_dir=args.build_dir, progress=progress, sandbox=sandbox,
+                          calibration=args.calibration, policy=policy,
+                          build_cache=_build_cache(args, sandbox))
     t0 = time.monotonic()
     code = 0
     try:
-        jobs = args.jobs if args.jobs is not None else default_build_jobs(ctx.cpus)
-        grade_all(subs, ctx, baselines=baselines, build_jobs=jobs,
+        grade_all(subs, ctx, baselines=baselines, build_jobs=args.jobs,
                   force=getattr(args, "force", False), only=only, journal=journal)
     except GpuUnhealthy as e:
         progress.note(f"STOPPED: {e}")

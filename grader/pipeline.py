@@ -27,8 +27,8 @@ from .device import DeviceInfo, device_minor
 from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
-from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, gpu_worker, run_limited,
-                    set_gpu_workers, split_cpus)
+from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, default_build_jobs,
+                    gpu_worker, run_limited, set_gpu_workers, split_cpus)
 from .progress import Progress
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
@@ -322,7 +322,9 @@ def jit_cache(sub: Submission):
 
 def jit_env(env: dict, jit: Path | None) -> dict:
     """A subject's environment with its JIT caches in `jit`."""
-    return env if jit is None else {**env, **{var: str(jit / name) for var, name in JIT_CACHE_VARS.items()}}
+    if jit is None:
+        return env
+    return {**env, **{var: str(jit / name) for var, name in JIT_CACHE_VARS.items()}}
 
 
 def _read_source(sub: Submission) -> str | None:
@@ -457,7 +459,8 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
     """Each case once, driven by the harness; one record per case:
     {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', ...}."""
     record, output = run_harness("run", _target(sub, build), ctx, work, folder=_folder(sub, build),
-                                 deadline_s=ctx.limits.run_s, jit=jit, cases=[c.to_dict() for c in cases],
+                                 deadline_s=ctx.limits.run_s, jit=jit,
+                                 cases=[c.to_dict() for c in cases],
                                  case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases}
                                  if ctx.device.cuda else {})
     if record is None:
@@ -658,10 +661,30 @@ class _Jobs:
             return left
 
 
+def grading_context(*, cases, device: DeviceInfo, devices, limits: config.Limits, out_dir: Path,
+                    build_dir: Path, progress: Progress, sandbox: Sandbox, calibration: bool,
+                    policy, build_cache: BuildCache | None) -> GradeContext:
+    """A grading run's context (`grade`, `check`, one Slurm task): one GPU worker per CUDA
+    device of `devices` when there are several."""
+    gpus = [d for d in devices if d.cuda]
+    return GradeContext(cases=tuple(cases), device=device, limits=limits, out_dir=out_dir,
+                        build_dir=build_dir, progress=progress, sandbox=sandbox,
+                        calibration=calibration,
+                        precision=(policy.precision_factor, policy.precision_floor),
+                        build_cache=build_cache, gpus=tuple(gpus) if len(gpus) > 1 else ())
+
+
+def gpu_records(devices) -> list[dict]:
+    """The run file's record of the GPUs a run grades on."""
+    return [dict(index=d.index, name=d.name, uuid=d.uuid, matmul_tflops=d.matmul_tflops)
+            for d in devices if d.cuda]
+
+
 def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str],
-              build_jobs: int, force: bool = False, only: set[str] | None = None,
+              build_jobs: int | None = None, force: bool = False, only: set[str] | None = None,
               journal: "RunJournal | None" = None) -> list[SubmissionResult]:
-    """Builds run `build_jobs` at a time; the GPU stages run on one GPU worker per GPU of
+    """Builds run `build_jobs` at a time (default: as many as the build CPUs and memory allow,
+    procs.default_build_jobs); the GPU stages run on one GPU worker per GPU of
     `ctx.gpus` (one worker when it has at most one), each one submission at a time, taking the
     builds in the order they finish, on CPUs the builds do not use (GradeContext.cpus). Each
     worker calibrates the protocol on its GPU and times the PyTorch baselines there while the
@@ -784,6 +807,8 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
                                       wall_s=round(time.monotonic() - started, 2))
         record(result, entry, worker if build_result.status is Status.PASS else None)
 
+    if build_jobs is None:
+        build_jobs = default_build_jobs(ctx.cpus)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs))
     threads = [threading.Thread(target=work, args=(slot, w), name=f"gpu-worker-{slot}", daemon=True)
                for slot, w in enumerate(workers)]

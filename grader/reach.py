@@ -21,8 +21,9 @@ Invariant. A submission is ranked only if
     importing the module, so none of its code has run) imports no symbol on NATIVE_REACH (the
     Python C API, the dynamic linker and PyTorch's wrapper of it, driver entry points and module
     loaders, other processes' memory, threads, files, the profiler, cuBLAS, cuDNN, the
-    dispatcher), no plain C function outside C_ALLOWED (the driver: tensor-map encoding only), no PyTorch operator that computes
-    (at::_ops or a backend namespace, outside DATA_OPS), its host code has no system call
+    dispatcher), no plain C function outside C_ALLOWED (of the driver: tensor-map encoding
+    only, DRIVER_ALLOWED), no PyTorch operator that computes (at::_ops or a backend namespace,
+    outside DATA_OPS), its host code has no system call
     instruction, and it compiles no library's kernel (library_kernels: CUTLASS's, by the rule
     integrity.classify_launched applies to what runs; CuTe-templated kernels are the student's).
 

@@ -32,9 +32,8 @@ from pathlib import Path
 from . import config
 from .cases import CaseFileError, largest, load_all_cases
 from .device import DeviceInfo, detect, detect_gpus
-from .pipeline import GpuUnhealthy, GradeContext, grade_all, now
+from .pipeline import GpuUnhealthy, grade_all, gpu_records, grading_context, now
 from .policy import POLICY_FILE, PolicyError, load_policy
-from .procs import default_build_jobs
 from .progress import Progress
 from .results import ResultUnreadable, load_result, path_for, read_results, write_json_atomic
 from .baselines import BASELINES
@@ -222,20 +221,16 @@ def _grade_shard(spec: WorkerSpec, task: int, *, devices: list[DeviceInfo], case
     run = dict(task=task, host=host, job=os.environ.get("SLURM_JOB_ID", ""),
                started_at=now(), finished_at=None, device=device.to_dict(),
                sandbox=sandbox.describe(), sandboxed=sandbox.active, limits=vars(limits),
-               submissions=[s.id for s in mine], baselines=baselines,
-               gpus=[dict(index=d.index, name=d.name, uuid=d.uuid, matmul_tflops=d.matmul_tflops)
-                     for d in gpus])
+               submissions=[s.id for s in mine], baselines=baselines, gpus=gpu_records(gpus))
     journal = TaskJournal(spec, task, run)
-    ctx = GradeContext(cases=tuple(cases), device=device, limits=limits, out_dir=spec.out,
-                       build_dir=spec.build_dir, progress=Progress(len(mine) + len(baselines)),
-                       sandbox=sandbox, calibration=spec.calibration,
-                       precision=(policy.precision_factor, policy.precision_floor),
-                       build_cache=_build_cache(spec, sandbox),
-                       gpus=tuple(gpus) if len(gpus) > 1 else ())
+    ctx = grading_context(cases=cases, device=device, devices=gpus, limits=limits,
+                          out_dir=spec.out, build_dir=spec.build_dir,
+                          progress=Progress(len(mine) + len(baselines)), sandbox=sandbox,
+                          calibration=spec.calibration, policy=policy,
+                          build_cache=_build_cache(spec, sandbox))
     state, message = "stopped", ""
     try:
-        jobs = spec.jobs if spec.jobs is not None else default_build_jobs(ctx.cpus)
-        grade_all(mine, ctx, baselines=baselines, build_jobs=jobs, force=spec.force,
+        grade_all(mine, ctx, baselines=baselines, build_jobs=spec.jobs, force=spec.force,
                   only=set(spec.only) if spec.only is not None else None, journal=journal)
         state = "finished"
     except GpuUnhealthy as e:

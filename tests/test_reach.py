@@ -74,7 +74,7 @@ def test_every_attack_that_reaches_the_grader_is_seen(name):
     ("from torch import load as restore", "torch.load"),
     ("import torch\ntorch.cuda.memory.CUDAPluggableAllocator('x.so', 'a', 'b')", "CUDAPluggableAllocator"),
     # red team, session 8: raw bytes into Triton's cache folder, where it finds its launcher .so
-    ("import numpy as np\nnp.frombuffer(b'', np.uint8).tofile('/tmp/t/k/launcher.so')", "tofile"),
+    ("import numpy as np\nnp.array([127, 69], np.uint8).tofile('/tmp/t/k/launcher.so')", "tofile"),
     ("import torch\nx = torch.zeros(1)\ntorch.save(x, 'f')", "torch.save"),
     ("from numpy import save as keep\nkeep('f', x)", "numpy.save"),
     ("import numpy\nnumpy.savez('f', x)", "savez"),
