@@ -184,9 +184,13 @@ def grade_course(course: Path, *, work: Path, label: str, gpus: str | None, cpu:
                 proc.kill()
                 proc.wait()
     wall = time.monotonic() - started
-    if proc.returncode not in (0, 130) or not (out / "_run.json").exists():
+    if (proc.returncode not in (0, 130) and not stopped) or not (out / "_run.json").exists():
         tail = log.read_text(errors="replace")[-3000:]
         raise SystemExit(f"error: the grader exited with {proc.returncode}; its output ends:\n{tail}")
+    if proc.returncode not in (0, 130):   # stopped, and killed when Ctrl-C was not enough
+        print(f"[{label}] warning: the grader did not end within 300 s of its Ctrl-C and was "
+              f"killed ({proc.returncode}); the figures cover the results it had written",
+              file=sys.stderr, flush=True)
     return GradeRun(label, gpus, out, round(wall, 2), proc.returncode, stopped, log)
 
 
