@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import config
 from .build_cache import BuildCache, empty_folder
-from .device import DeviceInfo
+from .device import DeviceInfo, find_nvcc
 from .procs import ProcResult, child_env, run_limited, split_cpus
 from .sandbox import Sandbox, give_to_sandbox
 from .status import Status
@@ -433,15 +433,13 @@ STUB_FOLDERS = ("lib64/stubs", "lib/stubs", "targets/x86_64-linux/lib/stubs",
 
 @functools.lru_cache(maxsize=None)
 def driver_ldflags() -> tuple[str, ...]:
-    """The linker flags that link the CUDA driver's library; empty where there is none."""
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        homes.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    for home in filter(None, homes):
-        for sub in STUB_FOLDERS:
-            if os.path.isfile(os.path.join(home, sub, "libcuda.so")):
-                return (f"-L{os.path.join(home, sub)}", "-lcuda")
+    """The linker flags that link the CUDA driver's library; empty where there is none. The stub
+    is the one of the toolkit whose nvcc the builds run (device.find_nvcc)."""
+    nvcc = find_nvcc()
+    home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else None
+    for sub in STUB_FOLDERS if home else ():
+        if os.path.isfile(os.path.join(home, sub, "libcuda.so")):
+            return (f"-L{os.path.join(home, sub)}", "-lcuda")
     for folder in _driver_folders():
         if os.path.isfile(os.path.join(folder, "libcuda.so.1")):
             return (f"-L{folder}", "-l:libcuda.so.1")

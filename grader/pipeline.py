@@ -320,10 +320,8 @@ def jit_cache(sub: Submission):
         yield folder
 
 
-def jit_env(env: dict, jit: Path | None) -> dict:
+def jit_env(env: dict, jit: Path) -> dict:
     """A subject's environment with its JIT caches in `jit`."""
-    if jit is None:
-        return env
     return {**env, **{var: str(jit / name) for var, name in JIT_CACHE_VARS.items()}}
 
 

@@ -188,9 +188,7 @@ def test_every_extension_links_the_cuda_driver_from_the_stub_or_the_installed_li
     (home / "targets" / "x86_64-linux" / "lib" / "stubs").mkdir(parents=True)
     driver.mkdir()
     (driver / "libcuda.so.1").write_bytes(b"")
-    monkeypatch.setenv("CUDA_HOME", str(home))
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    monkeypatch.setattr(build, "find_nvcc", lambda: str(home / "bin" / "nvcc"))
     monkeypatch.setattr(build.os.path, "isfile",
                         lambda p, real=build.os.path.isfile: real(p) and str(p).startswith(str(tmp_path)))
     monkeypatch.setattr(build, "_driver_folders", lambda: [str(driver)])
@@ -202,7 +200,7 @@ def test_every_extension_links_the_cuda_driver_from_the_stub_or_the_installed_li
         assert flags() == (f"-L{driver}", "-l:libcuda.so.1")
         (home / "targets" / "x86_64-linux" / "lib" / "stubs" / "libcuda.so").write_bytes(b"")
         assert flags() == (f"-L{home}/targets/x86_64-linux/lib/stubs", "-lcuda")
-        monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nothing"))
+        monkeypatch.setattr(build, "find_nvcc", lambda: None)
         (driver / "libcuda.so.1").unlink()
         assert flags() == ()
     finally:
