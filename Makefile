@@ -81,10 +81,13 @@ bench-grader: env
 	$(PY) bench/bench_grader.py $(if $(COPIES),--copies $(COPIES)) $(if $(BUDGET),--budget $(BUDGET)) \
 	  $(if $(GPUS),--gpus $(GPUS)) $(if $(JOBS),--jobs $(JOBS)) $(BENCH_ARGS)
 
-# Issue 5: the adversarial submissions beside the examples, graded as a course would grade them.
+# Issue 5: the adversarial submissions beside the examples, graded as a course would grade them
+# (tests/adversarial/verdicts.py checks both against their expected verdicts). The examples are
+# the honest kernels of every track: CUDA, Triton, CuTe and TileLang.
+ADVERSARIAL_EXAMPLES = naive_cuda tiled_cuda triton_flash cute_flash tilelang_flash
 adversarial: env
 	rm -rf build/adversarial && $(PY) tests/adversarial/assemble.py build/adversarial/submissions
-	cp -r examples/naive_cuda examples/triton_flash examples/tiled_cuda build/adversarial/submissions/
+	cp -r $(addprefix examples/,$(ADVERSARIAL_EXAMPLES)) build/adversarial/submissions/
 	GRADER_RUN_S=$${GRADER_RUN_S:-30} GRADER_TIME_BUDGET_S=$${GRADER_TIME_BUDGET_S:-5} \
 	  $(PY) -m grader grade build/adversarial/submissions --out results-adversarial \
 	  --build-dir build/adversarial/build $(if $(JOBS),--jobs $(JOBS))

@@ -5,6 +5,7 @@
                                                     # mbarrier wait prints its block, thread, barrier)
     python bench/kernel6_check.py --flag=-DATTN6_BC=128 --no-timing
     python bench/kernel6_check.py --variant v6bc128=-DATTENTION_VERSION=6,-DATTN6_BC=128
+    python bench/kernel6_check.py --versions 6 --variant tail=-DATTENTION_VERSION=6,-DATTN6_TAIL_PV=1
     python bench/kernel6_check.py --model           # CPU only: the pipeline protocol model (below)
 
 Builds solution/submission.cu twice in parallel, with -DATTENTION_VERSION=6 and =5 (load_inline,

@@ -419,10 +419,11 @@ CALIBRATION_KERNELS = ("sdpa_cudnn", "sdpa_flash")
 
 def calibrate(spec: dict) -> dict:
     """The protocol's own cost per timed call (timing.ProtocolCost), measured on subjects that run
-    no submission, called as a timed call is (warm-up, the profiler on): `null` returns Q, so its
-    call is the round trip, the GPU context switches and the copy of an output into the shared
-    buffer; CALIBRATION_KERNELS do a timed call's work, which their own events time. Every timed
-    call of the run has its share subtracted."""
+    no submission, called as a timed call is (warm-up, the profiler on, each call's output then
+    checked on this side as time_case checks it): `null` returns Q, so its call is the round
+    trip, the GPU context switches and the copy of an output into the shared buffer;
+    CALIBRATION_KERNELS do a timed call's work, which their own events time. Every timed call of
+    the run has its share subtracted."""
     idle = _calibration_calls(spec, "null")
     if "failed" in idle:
         return idle
@@ -442,16 +443,25 @@ def calibrate(spec: dict) -> dict:
 
 def _calibration_calls(spec: dict, name: str) -> dict:
     deadline = time.monotonic() + spec["deadline_s"]
+    case = Case.from_dict(spec["case"])
     link, call, failed = open_call(dict(spec, target=dict(kind="builtin", name=name)), deadline)
     if failed is not None:
         return failed
+    verify = new_verify()
     try:
         warm_up(link, call, deadline)
         parts = []
         for i in range(spec.get("reps", 25)):
-            clock, _ = call.run(seed=i)
+            clock, inputs = call.run(seed=i)
             wall, fence = clock.wall_ms, clock.fence_ms()
             parts.append((max(wall, fence), wall, fence, call.subject_host_ms, call.subject_gpu_ms))
+            # What time_case does on the GPU between two timed calls, done here too: the cost
+            # measured must include what that work does to the next call (the GPU switching to
+            # this process's context and back, its clocks). Without it, session 9's timed calls
+            # paid 0.2-0.35 ms a call more than the calibration had measured (notes/gpu_runs.md).
+            # (`null` returns Q: its outputs are wrong by design; the work is what counts.)
+            verify_call(verify, i, call.snapshot, inputs, case)
+            del inputs
         link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
         rtt = round_trip_ms(link, deadline)
     except SubjectGone as gone:
@@ -460,7 +470,7 @@ def _calibration_calls(spec: dict, name: str) -> dict:
         link.close()
     names = ("wall_ms", "fence_ms", "subject_host_ms", "subject_events_ms")
     return dict(raw=[p[0] for p in parts], pairs=[(p[0], p[4]) for p in parts if p[4] is not None],
-                rtt_ms=rtt, output=link.output(),
+                rtt_ms=rtt, output=link.output(), verify=verify,
                 breakdown={n: _median_of([p[i + 1] for p in parts]) for i, n in enumerate(names)})
 
 
@@ -504,7 +514,7 @@ def time_case(spec: dict) -> dict:
     if failed is not None:
         return failed
     pick = random.Random(_urandom(16))        # which calls are checked in full: decided here
-    result: dict = dict(verify=dict(checked=0, wrong=0, first_wrong="", first_wrong_call=None))
+    result: dict = dict(verify=new_verify())
     try:
         rtt_ms = round_trip_ms(link, deadline)
         cost = ProtocolCost.from_dict(spec.get("protocol"))
@@ -611,6 +621,11 @@ def _median_of(values: list) -> float:
 def corrected(walls: list[float], fences: list[float], cost: ProtocolCost) -> list[float]:
     """Per-call times: the later of the two clocks, less the protocol's calibrated cost."""
     return [max(w, f) - cost.for_call(max(w, f)) for w, f in zip(walls, fences)]
+
+
+def new_verify() -> dict:
+    """verify_call's tally: calls checked, wrong ones, the first wrong one and what was wrong."""
+    return dict(checked=0, wrong=0, first_wrong="", first_wrong_call=None)
 
 
 def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case) -> None:

@@ -6,6 +6,9 @@
 #          dependencies, submitit, cloudpickle for the tracks and Slurm), downloaded as the device
 #          README says (python 3.12, manylinux)
 #   .deb/  bubblewrap (apt-get download bubblewrap): integrity results count only sandboxed
+#   .whl-*/ wheels too large for one call's 64 MiB with .whl (TileLang's: tilelang in one call,
+#          its dependencies in the next); the task 'wheels' installs them into .venv, where
+#          they stay while the machine is held
 #
 #   sh scripts/gpu_session.sh smoke test-gpu timing-trust          # in the foreground
 #   sh scripts/gpu_session.sh --background adversarial bench-grader  # past one call's 10 minutes
@@ -14,7 +17,8 @@
 # Tasks: smoke (device, one example checked), solution (the reference solution checked, with
 # the driver link it needs), tracks (the CuTe and TileLang examples checked), test-gpu (without
 # the adversarial set), examples (make grade of examples/ with the baselines), adversarial,
-# timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py).
+# timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py),
+# wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
 # it was started from.
 set -u
@@ -53,6 +57,17 @@ task() {
         bench) make bench && cp bench/results.json "$OUT/" ;;
         bench-grader) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="${BENCH_ARGS:-}" \
                           && cp bench/grader_bench.json "$OUT/" ;;
+        wheels) make env && for whl in .whl-*/*.whl; do
+                    [ -f "$whl" ] && { .venv/bin/python -m pip install -q --no-index --no-deps "$whl" \
+                                           || python3 -m pip --python .venv/bin/python install -q --no-index --no-deps "$whl"; }
+                done; .venv/bin/python -c 'import tilelang; print("tilelang", tilelang.__version__)' ;;
+        # kernel 6's second call and cuDNN's first, on the medium case (where 6 / cuDNN was 0.97x)
+        ncu) make env && .venv/bin/python bench/profile_solution.py 2 64 4096 128 --cudnn \
+                 && ncu --clock-control none --set full -k 'regex:attention_kernel6|cudnn|sdpa' \
+                        --launch-skip 1 -c 2 -f -o "$OUT/ncu_medium" \
+                        .venv/bin/python bench/profile_solution.py 2 64 4096 128 --cudnn \
+                 && ncu --import "$OUT/ncu_medium.ncu-rep" --page details > "$OUT/ncu_medium_details.txt" \
+                 && ncu --import "$OUT/ncu_medium.ncu-rep" --page raw --csv > "$OUT/ncu_medium_raw.csv" ;;
         kernel6) make env && .venv/bin/python bench/kernel6_check.py \
                      && cp bench/kernel6_check.json "$OUT/" ;;
         *) echo "unknown task: $name" >&2; return 2 ;;

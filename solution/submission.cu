@@ -665,6 +665,9 @@ bool uses_wgmma() {
 #ifndef ATTN6_D64
 #define ATTN6_D64 1           // 0: head_dim 64 runs kernel 5
 #endif
+#ifndef ATTN6_TAIL_PV
+#define ATTN6_TAIL_PV 0       // 1: the last key tile's P V issues only the k-steps that hold keys < S
+#endif                        //    (notes/solution.md, session 9: the padding is 3.1% of the work at S = 4096)
 #ifndef ATTN6_WATCHDOG
 #define ATTN6_WATCHDOG 1      // a barrier wait longer than ~4 s traps (a wrong parity must not hang); 2: and prints
 #endif
@@ -895,6 +898,15 @@ attention_kernel6(const __grid_constant__ CUtensorMap tm_q, const __grid_constan
 #pragma unroll
             for (int kk = 0; kk < Bc / 16; ++kk) wgmma_rs(acc, p[kk], sw128_desc(vt + kk * 16 * 128, Bc * 128), 1);
         };
+        // The last key tile holds S - (n_kv - 1)·Bc keys; past them P is 0 (masked) and V is 0
+        // (the tensor map's zero fill), so their k-steps add exact zeros and can be left out. The
+        // condition is the same for the whole warpgroup, as wgmma's .sync.aligned requires.
+        const int tail_steps = ATTN6_TAIL_PV ? (S - (n_kv - 1) * Bc + 15) / 16 : Bc / 16;
+        auto pv_tail = [&](float (&acc)[D / 2], const unsigned (&p)[Bc / 16][4], unsigned vt) {
+#pragma unroll
+            for (int kk = 0; kk < Bc / 16; ++kk)
+                if (kk < tail_steps) wgmma_rs(acc, p[kk], sw128_desc(vt + kk * 16 * 128, Bc * 128), 1);
+        };
 
         int it = 0;
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
@@ -968,7 +980,7 @@ attention_kernel6(const __grid_constant__ CUtensorMap tm_q, const __grid_constan
                 mbar_wait(v_full(st), (idx / STAGES) & 1);
                 fence_registers(acc);
                 wgmma_fence();
-                pv(acc, p, v_s + st * L::KV_BYTES);
+                pv_tail(acc, p, v_s + st * L::KV_BYTES);
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_registers(acc);

@@ -19,6 +19,7 @@ from grader import config
 from grader.sandbox import Sandbox, default_layout
 
 from .adversarial.assemble import EXPECTED, INCLUDE, assemble, names
+from .adversarial.verdicts import gpu_finding
 from .conftest import EXAMPLES, cuda_available, has_nvcc
 
 # Short limits: the hanging and sleeping submissions cost their limit each. Builds get 240 s: a
@@ -114,6 +115,8 @@ def test_adversarial_on_the_gpu(tmp_path):
     proc, results = grade(folder, tmp_path, "--no-baselines")
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_verdicts(results, {n: EXPECTED[n]["gpu"] for n in names()} | {"honest_triton": ["pass"]})
+    findings = {n: gpu_finding(results[n], EXPECTED[n]) for n in names()}
+    assert not {n: f for n, f in findings.items() if f}, findings
     check_common(results, tmp_path / "results")
     check_same_times(results)
     assert "returned a wrong output" in results["cache_by_ptr_py"]["message"]

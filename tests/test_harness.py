@@ -209,3 +209,19 @@ def test_a_call_far_slower_than_the_fast_ones_is_timed_coarsely():
     assert not harness.coarse_enough([17.5] * 20, limit)             # a fast kernel: full precision
     assert not harness.coarse_enough([300.0, 900.0] * 5, limit)      # too noisy to place
     assert not harness.coarse_enough(slow, None)                    # no peak measured
+
+
+def test_the_calibration_does_what_the_timed_loop_does_between_calls(tmp_path):
+    """The protocol's cost is measured on calls followed by the same trusted work as a timed
+    call's (its output read and checked against SDPA), so the cost subtracted from a timed call
+    includes what that work does to the next call (session 9: 0.2-0.35 ms a call on an H100)."""
+    case = Case(1, 2, 16, 64, seed=3)
+    spec = dict(mode="calibrate", device="cpu", target=dict(kind="builtin", name="null"),
+                subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
+                tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
+                case=case.to_dict(), l2_bytes=0, reps=5)
+    record = harness._calibration_calls(spec, "null")
+    assert "failed" not in record, record
+    assert len(record["raw"]) == 5 and all(t > 0 for t in record["raw"])
+    assert record["verify"]["checked"] == 5   # null returns Q: each output read, checked, wrong
+    assert record["verify"]["wrong"] == 5
