@@ -53,7 +53,8 @@ task() {
         test-gpu) make test-gpu PYTEST_ARGS="-k 'not adversarial'" ;;
         examples) make grade RESULTS=results-examples && cp results-examples/grades.csv "$OUT/" ;;
         adversarial) make adversarial; python3 tests/adversarial/verdicts.py results-adversarial ;;
-        timing-trust) make timing-trust && cp bench/timing_trust.json "$OUT/" ;;
+        # its figures are written whether or not the limits hold: bring them back either way
+        timing-trust) make timing-trust; s=$?; cp bench/timing_trust.json "$OUT/" 2>/dev/null; (exit $s) ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;
         bench-grader) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="${BENCH_ARGS:-}" \
                           && cp bench/grader_bench.json "$OUT/" ;;

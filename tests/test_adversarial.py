@@ -103,6 +103,19 @@ def test_adversarial_without_a_gpu(tmp_path):
     check_common(results, tmp_path / "results")
     flagged = results["lib_sdpa_py"]["message"]
     assert "aten::" in flagged and "scaled_dot_product" in flagged   # what ran, named
+    # what import_gpu_hog_py prints at its import check is what the GPU runs look for
+    build_log = (tmp_path / "results" / "logs" / "import_gpu_hog_py.build.log").read_text()
+    assert EXPECTED["import_gpu_hog_py"]["gpu_logs"]["build"] in build_log
+
+
+def test_a_gpu_finding_names_a_wrong_verdict_and_a_log_without_its_text(tmp_path):
+    want, result = EXPECTED["import_gpu_hog_py"], dict(id="import_gpu_hog_py", status="pass")
+    for stage, text in want["gpu_logs"].items():
+        (tmp_path / f"import_gpu_hog_py.{stage}.log").write_text(f"loading\n{text}\n")
+    assert gpu_finding(result, want, tmp_path) is None
+    assert gpu_finding(dict(result, status="timeout"), want, tmp_path) == "got timeout"
+    (tmp_path / "import_gpu_hog_py.build.log").write_text("import_gpu_hog: 8 GPUs visible\n")
+    assert "build log" in gpu_finding(result, want, tmp_path)   # the import check had the GPUs
 
 
 @pytest.mark.gpu
@@ -115,7 +128,7 @@ def test_adversarial_on_the_gpu(tmp_path):
     proc, results = grade(folder, tmp_path, "--no-baselines")
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_verdicts(results, {n: EXPECTED[n]["gpu"] for n in names()} | {"honest_triton": ["pass"]})
-    findings = {n: gpu_finding(results[n], EXPECTED[n]) for n in names()}
+    findings = {n: gpu_finding(results[n], EXPECTED[n], tmp_path / "results" / "logs") for n in names()}
     assert not {n: f for n, f in findings.items() if f}, findings
     check_common(results, tmp_path / "results")
     check_same_times(results)

@@ -31,15 +31,16 @@ def rows(results: Path) -> list[tuple[str, Path, dict]]:
     return out
 
 
-def gpu_finding(result: dict, want: dict) -> str | None:
+def gpu_finding(result: dict, want: dict, logs: Path) -> str | None:
     """What is wrong with a GPU run's result against its expectation, or None: the verdict, and
-    for a submission whose defence is its build stage, that stage's time (gpu_build_s_under)."""
+    for a submission whose defence shows in what it printed, its stage logs (gpu_logs: text each
+    logs/<name>.<stage>.log must contain)."""
     if result["status"] not in want["gpu"]:
         return f"got {result['status']}"
-    limit = want.get("gpu_build_s_under")
-    took = (result.get("build") or {}).get("elapsed_s")
-    if limit is not None and (took is None or took >= limit):
-        return f"its build took {took} s, not under {limit} s: the import check had a GPU to use"
+    for stage, text in want.get("gpu_logs", {}).items():
+        log = logs / f"{result['id']}.{stage}.log"
+        if not log.exists() or text not in log.read_text(errors="replace"):
+            return f"its {stage} log does not say {text!r}"
     return None
 
 
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
             continue
         got = json.loads(path.read_text())
         median = (got.get("timing") or {}).get("median_ms")
-        finding = gpu_finding(got, want)
+        finding = gpu_finding(got, want, results / "logs")
         bad += finding is not None
         print(f"{'ok ' if finding is None else 'BAD'} {name:28} {got['status']:16} want {'|'.join(want['gpu']):22}"
               f" {'' if median is None else f'{median:.3f} ms'}{'' if finding is None else '  ' + finding}")

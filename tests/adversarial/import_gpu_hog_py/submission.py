@@ -1,8 +1,8 @@
 """Adversarial, issue 13 (several GPUs) and the build stage: an honest Triton kernel whose module,
-when imported, keeps every GPU it can see busy for 12 s (a real attack stays just under the
-import limit, GRADER_IMPORT_S, 120 s; 12 s still overlaps whoever is timed meanwhile, and is
-short enough that its import at its first case stays inside the adversarial runs' 30 s run
-limit: at 40 s, session 9's GPU run gave this honest file `timeout`).
+when imported, keeps every GPU it can see busy (a real attack stays just under the import limit,
+GRADER_IMPORT_S, 120 s; this one hogs 3 s, so that its import at its first case stays well inside
+the adversarial runs' 30 s run limit: at 40 s, session 9's GPU run gave this honest file
+`timeout`). It prints how many GPUs it sees, which is what the GPU runs check.
 
 Why it works: a Python submission is imported first by the build stage's import check
 (build._build_once: subject/loop.py --check-load), and that runs in the plain sandbox
@@ -17,15 +17,15 @@ problem: the grader should see (or prevent) GPU work outside the subject of the 
 Fixed (session 7): the import check runs with no GPU (no /dev/nvidiaN in its sandbox, an empty
 CUDA_VISIBLE_DEVICES); this file's hog then finds none, and its import on the GPU happens in the
 run stage, on its own GPU worker's GPU, which nothing else uses meanwhile. Its verdict stays pass,
-and its build (the import check) takes less than the hog: expected.json's gpu_build_s_under, which
-tests/adversarial/verdicts.py and the GPU test check (5.9 s on an H100, session 9)."""
+and what it printed is checked (expected.json's gpu_logs; tests/adversarial/verdicts.py and the
+GPU test): no GPU in its build log, exactly one (its worker's) in its run log."""
 import time
 
 import torch
 
 from honest_flash import custom_kernel as honest
 
-HOG_S = 12.0
+HOG_S = 3.0
 
 
 def _hog(seconds: float) -> None:
@@ -41,6 +41,8 @@ def _hog(seconds: float) -> None:
             torch.cuda.synchronize(i)
 
 
+print(f"import_gpu_hog: {torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs visible",
+      flush=True)
 _hog(HOG_S)
 
 
