@@ -200,7 +200,7 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     print(f"grading {len(subs)} submission(s) on {where}; {len(cases)} cases; results in {out}",
           file=sys.stderr)
     progress = Progress(len(subs) + len(baselines))
-    ctx = grading_context(cases=cases, device=device, devices=gpus, limits=limits, out_dir=out,
+    ctx = grading_context(cases=cases, device=device, gpus=gpus, limits=limits, out_dir=out,
                           build_dir=args.build_dir, progress=progress, sandbox=sandbox,
                           calibration=args.calibration, policy=policy,
                           build_cache=_build_cache(args, sandbox))

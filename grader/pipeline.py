@@ -659,12 +659,11 @@ class _Jobs:
             return left
 
 
-def grading_context(*, cases, device: DeviceInfo, devices, limits: config.Limits, out_dir: Path,
-                    build_dir: Path, progress: Progress, sandbox: Sandbox, calibration: bool,
-                    policy, build_cache: BuildCache | None) -> GradeContext:
-    """A grading run's context (`grade`, `check`, one Slurm task): one GPU worker per CUDA
-    device of `devices` when there are several."""
-    gpus = [d for d in devices if d.cuda]
+def grading_context(*, cases, device: DeviceInfo, gpus: list[DeviceInfo], limits: config.Limits,
+                    out_dir: Path, build_dir: Path, progress: Progress, sandbox: Sandbox,
+                    calibration: bool, policy, build_cache: BuildCache | None) -> GradeContext:
+    """A grading run's context (`grade`, `check`, one Slurm task): one GPU worker per GPU of
+    `gpus` when there are several."""
     return GradeContext(cases=tuple(cases), device=device, limits=limits, out_dir=out_dir,
                         build_dir=build_dir, progress=progress, sandbox=sandbox,
                         calibration=calibration,
@@ -672,10 +671,10 @@ def grading_context(*, cases, device: DeviceInfo, devices, limits: config.Limits
                         build_cache=build_cache, gpus=tuple(gpus) if len(gpus) > 1 else ())
 
 
-def gpu_records(devices) -> list[dict]:
+def gpu_records(gpus: list[DeviceInfo]) -> list[dict]:
     """The run file's record of the GPUs a run grades on."""
     return [dict(index=d.index, name=d.name, uuid=d.uuid, matmul_tflops=d.matmul_tflops)
-            for d in devices if d.cuda]
+            for d in gpus]
 
 
 def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str],

@@ -223,7 +223,7 @@ def _grade_shard(spec: WorkerSpec, task: int, *, devices: list[DeviceInfo], case
                sandbox=sandbox.describe(), sandboxed=sandbox.active, limits=vars(limits),
                submissions=[s.id for s in mine], baselines=baselines, gpus=gpu_records(gpus))
     journal = TaskJournal(spec, task, run)
-    ctx = grading_context(cases=cases, device=device, devices=gpus, limits=limits,
+    ctx = grading_context(cases=cases, device=device, gpus=gpus, limits=limits,
                           out_dir=spec.out, build_dir=spec.build_dir,
                           progress=Progress(len(mine) + len(baselines)), sandbox=sandbox,
                           calibration=spec.calibration, policy=policy,

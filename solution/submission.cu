@@ -894,19 +894,16 @@ attention_kernel6(const __grid_constant__ CUtensorMap tm_q, const __grid_constan
                 wgmma_ss(s, sw128_desc(qt + panel * Br * 128 + col, 16), sw128_desc(kt + panel * Bc * 128 + col, 16), kk > 0);
             }
         };
-        auto pv = [&](float (&acc)[D / 2], const unsigned (&p)[Bc / 16][4], unsigned vt) {
+        // O += P V over the first `steps` k-steps of 16 keys (all of them but on the last tile).
+        auto pv = [&](float (&acc)[D / 2], const unsigned (&p)[Bc / 16][4], unsigned vt, int steps) {
 #pragma unroll
-            for (int kk = 0; kk < Bc / 16; ++kk) wgmma_rs(acc, p[kk], sw128_desc(vt + kk * 16 * 128, Bc * 128), 1);
+            for (int kk = 0; kk < Bc / 16; ++kk)
+                if (kk < steps) wgmma_rs(acc, p[kk], sw128_desc(vt + kk * 16 * 128, Bc * 128), 1);
         };
         // The last key tile holds S - (n_kv - 1)·Bc keys; past them P is 0 (masked) and V is 0
         // (the tensor map's zero fill), so their k-steps add exact zeros and can be left out. The
         // condition is the same for the whole warpgroup, as wgmma's .sync.aligned requires.
         const int tail_steps = ATTN6_TAIL_PV ? (S - (n_kv - 1) * Bc + 15) / 16 : Bc / 16;
-        auto pv_tail = [&](float (&acc)[D / 2], const unsigned (&p)[Bc / 16][4], unsigned vt) {
-#pragma unroll
-            for (int kk = 0; kk < Bc / 16; ++kk)
-                if (kk < tail_steps) wgmma_rs(acc, p[kk], sw128_desc(vt + kk * 16 * 128, Bc * 128), 1);
-        };
 
         int it = 0;
         for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x, ++it) {
@@ -947,7 +944,7 @@ attention_kernel6(const __grid_constant__ CUtensorMap tm_q, const __grid_constan
                 wgmma_fence();
                 qk(s, k_s + st * L::KV_BYTES);                 // S_j = Q K_jᵀ
                 wgmma_commit();
-                pv(acc, p, v_s + st_v * L::KV_BYTES);          // O += P_{j-1} V_{j-1}
+                pv(acc, p, v_s + st_v * L::KV_BYTES, Bc / 16); // O += P_{j-1} V_{j-1}
                 wgmma_commit();
                 if (cw == 0 || j < n_kv - 1 || tile + (int)gridDim.x < n_tiles)
                     named_arrive(K6_BAR_PINGPONG + (cw ^ 1), 256); // the other consumer's turn
@@ -980,7 +977,7 @@ attention_kernel6(const __grid_constant__ CUtensorMap tm_q, const __grid_constan
                 mbar_wait(v_full(st), (idx / STAGES) & 1);
                 fence_registers(acc);
                 wgmma_fence();
-                pv_tail(acc, p, v_s + st * L::KV_BYTES);
+                pv(acc, p, v_s + st * L::KV_BYTES, tail_steps);
                 wgmma_commit();
                 wgmma_wait<0>();
                 fence_registers(acc);
