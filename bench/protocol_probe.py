@@ -1,6 +1,8 @@
 """Where a timed call's time goes, call by call, on the largest case (issue 10's overhead figure).
 
     python bench/protocol_probe.py [--calls 25] [--solution]     # on the GPU machine
+    python bench/protocol_probe.py --solution --only solution,sdpa_cudnn --repeat 3 --profiler on
+        # how far apart two processes of one kernel are
 
 For trusted subjects only (the harness's null subjects, the SDPA rows and, with --solution, the
 reference solution built here), each with the subject's profiler off and then on (the timed loop
@@ -57,29 +59,35 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
     link, call, failed = harness.open_call(spec, deadline)
     if failed is not None:
         return dict(failed=failed)
-    rows = []
+    clocks, verify, case = [], harness.new_verify(), LARGEST
     try:
         for i in range(config.TIMING_WARMUP_CALLS + 1):
             if profiled and i == config.TIMING_WARMUP_CALLS:
                 link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
             call.run(seed=i)
+        warm = len(call.sent)
         for i in range(calls):
-            clock, _ = call.run(seed=100 + i)
-            r = call.reply
-            rows.append(dict(wall=clock.wall_ms, fence=clock.fence_ms(),
-                             events=r.get("subject_gpu_ms"), copy=r.get("subject_copy_ms"),
-                             to_subject=(r["t_line"] - r["t_go"]) * 1e3,
-                             taken_up=(r["t_received"] - r["t_line"]) * 1e3,
-                             replying=(r["t_replied"] - r["t_synced"]) * 1e3,
-                             to_harness=(r["t_reply"] - r["t_replied"]) * 1e3))
-        if profiled:
-            link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
+            clock, inputs = call.run(seed=100 + i)
+            clocks.append((clock.wall_ms, clock.fence_ms()))
+            harness.verify_call(verify, i, call.snapshot, inputs, case)   # as the timed loop does
+            del inputs
+        link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
     finally:
         link.close()
+    rows = []
+    for (wall, fence), r in zip(clocks, call.reported()[warm:]):
+        if "t_line" not in r:
+            continue
+        rows.append(dict(wall=wall, fence=fence,
+                         events=r.get("subject_gpu_ms"), copy=r.get("subject_copy_ms"),
+                         to_subject=(r["t_line"] - r["t_go"]) * 1e3,
+                         taken_up=(r["t_received"] - r["t_line"]) * 1e3,
+                         replying=(r["t_replied"] - r["t_synced"]) * 1e3,
+                         to_harness=(r["t_reply"] - r["t_replied"]) * 1e3))
     for row in rows:
         row["raw"] = max(row["wall"], row["fence"])
         row["beyond_events"] = row["raw"] - (row["events"] or 0.0)
-    return dict(rows=rows, **{f"median_{k}": statistics.median(r[k] for r in rows)
+    return dict(rows=rows, wrong_outputs=verify["wrong"], **{f"median_{k}": statistics.median(r[k] for r in rows)
                               for k in ("raw", "wall", "fence", "events", "copy", "to_subject",
                                         "taken_up", "replying", "to_harness", "beyond_events")},
                 **{f"std_{k}": statistics.stdev(r[k] for r in rows)
@@ -97,6 +105,13 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=25)
     p.add_argument("--solution", action="store_true", help="also the reference solution (builds it)")
+    p.add_argument("--only", help="comma-separated subjects (null, null_busy, sdpa_flash, "
+                   "sdpa_cudnn, solution)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="each subject this many times, each in a fresh process (the spread between "
+                        "processes is what separates two rows of one kernel)")
+    p.add_argument("--profiler", choices=("on", "off", "both"), default="both")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "protocol_probe.json")
     a = p.parse_args()
     from grader.device import detect
     device = detect()
@@ -108,6 +123,10 @@ def main() -> int:
     if a.solution:
         solution = build_solution(device.arch)
         targets = [("solution", solution)] + targets + [("solution again", solution)]
+    if a.only:
+        keep = a.only.split(",")
+        targets = [(n, t) for n, t in targets if n in keep]
+    profilers = dict(on=(True,), off=(False,), both=(False, True))[a.profiler]
     figures = dict(device=device.name, date=datetime.date.today().isoformat(),
                    sandbox=sandbox.describe(), case=LARGEST.id, calls=a.calls, probes={})
     cpus = split_cpus(config.Limits().gpu_stage_cpus).gpu
@@ -117,23 +136,38 @@ def main() -> int:
     print(f"{'subject':16s} {'prof':4s} {'raw':>8s} {'wall':>8s} {'fence':>8s} {'events':>8s} "
           f"{'copy':>6s} {'->subj':>6s} {'taken':>6s} {'reply':>6s} {'->harn':>6s} {'beyond':>7s} "
           f"{'sd raw':>6s} {'sd ev':>6s} {'sd bey':>6s}  gpu")
-    for name, target in targets:
-        for profiled in (False, True):
-            state = gpu_state()
-            r = probe(target, profiled=profiled, calls=a.calls, sandbox=sandbox,
-                      l2_bytes=device.l2_bytes)
-            figures["probes"][f"{name} profiler={'on' if profiled else 'off'}"] = dict(r, gpu_before=state)
-            if "failed" in r:
-                print(f"{name:16s} failed: {r['failed']}")
-                continue
-            m = {k[7:]: v for k, v in r.items() if k.startswith("median_")}
-            print(f"{name:16s} {'on' if profiled else 'off':4s} {m['raw']:8.3f} {m['wall']:8.3f} "
-                  f"{m['fence']:8.3f} {m['events']:8.3f} {m['copy']:6.3f} {m['to_subject']:6.3f} "
-                  f"{m['taken_up']:6.3f} {m['replying']:6.3f} "
-                  f"{m['to_harness']:6.3f} {m['beyond_events']:7.3f} {r['std_raw']:6.3f} "
-                  f"{r['std_events']:6.3f} {r['std_beyond_events']:6.3f}  {state}", flush=True)
-    (ROOT / "bench" / "protocol_probe.json").write_text(json.dumps(figures, indent=1) + "\n")
+    runs = [(rep, name, target, profiled) for rep in range(a.repeat) for name, target in targets
+            for profiled in profilers]
+    for rep, name, target, profiled in runs:
+        state = gpu_state()
+        r = probe(target, profiled=profiled, calls=a.calls, sandbox=sandbox,
+                  l2_bytes=device.l2_bytes)
+        key = f"{name} profiler={'on' if profiled else 'off'}" + (f" #{rep + 1}" if a.repeat > 1 else "")
+        figures["probes"][key] = dict(r, gpu_before=state)
+        if "failed" in r:
+            print(f"{name:16s} failed: {r['failed']}")
+            continue
+        m = {k[7:]: v for k, v in r.items() if k.startswith("median_")}
+        print(f"{name:16s} {'on' if profiled else 'off':4s} {m['raw']:8.3f} {m['wall']:8.3f} "
+              f"{m['fence']:8.3f} {m['events']:8.3f} {m['copy']:6.3f} {m['to_subject']:6.3f} "
+              f"{m['taken_up']:6.3f} {m['replying']:6.3f} "
+              f"{m['to_harness']:6.3f} {m['beyond_events']:7.3f} {r['std_raw']:6.3f} "
+              f"{r['std_events']:6.3f} {r['std_beyond_events']:6.3f}  {state}", flush=True)
+    spread(figures["probes"])
+    a.out.write_text(json.dumps(figures, indent=1) + "\n")
     return 0
+
+
+def spread(probes: dict) -> None:
+    """Per subject and setting over its processes: the range of their median raw - events."""
+    groups: dict[str, list[float]] = {}
+    for key, r in probes.items():
+        if "failed" not in r:
+            groups.setdefault(key.split(" #")[0], []).append(r["median_beyond_events"])
+    for name, values in groups.items():
+        if len(values) > 1:
+            print(f"{name:36s} raw - events over {len(values)} processes: "
+                  f"{min(values):.3f} to {max(values):.3f} ms (range {max(values) - min(values):.3f})")
 
 
 if __name__ == "__main__":

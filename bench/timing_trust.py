@@ -75,6 +75,11 @@ def main() -> int:
     for name, o in overhead.items():
         print(f"protocol overhead, {name:26s}: harness {o['harness_ms']:.3f} ms, subject's events "
               f"{o['subject_events_ms']:.3f} ms: {100 * o['overhead']:+.2f}% (must be < 1%)")
+    for name, o in overhead.items():
+        c = o["cost"]
+        print(f"  cost, {name:26s}: {c['beyond_events']:.3f} ms beyond the events = copy "
+              f"{c['copy']:.3f} + pipes {c['pipes']:.3f} + switch back {c['switch_back']:.3f} + rest "
+              f"{c['rest']:.3f}; subtracted {c['subtracted']:.3f}")
     for name, o in figures["against_in_process"].items():
         print(f"against in-process events, {name:16s}: harness {o['harness_ms']:.3f} ms, in one "
               f"process {o['in_process_ms']:.3f} ms: {100 * o['difference']:+.2f}% (context)")
@@ -93,8 +98,22 @@ def protocol_overhead(results: dict, flash: dict, out: Path) -> dict:
         t = r.get("timing") or {}
         if t.get("subject_events_ms"):
             figures[name] = dict(harness_ms=t["median_ms"], subject_events_ms=t["subject_events_ms"],
-                                 overhead=t["median_ms"] / t["subject_events_ms"] - 1)
+                                 overhead=t["median_ms"] / t["subject_events_ms"] - 1,
+                                 cost=cost_parts(t))
     return figures
+
+
+def cost_parts(t: dict) -> dict:
+    """Where a row's protocol cost went (medians, ms): the later clock less the subject's events,
+    split into the copy into O, the two trips through the pipes, the GPU switching back to the
+    harness after the reply (fence - wall) and the rest (the GPU switching to the subject, the
+    subject's own steps around its call); and what the calibration subtracted."""
+    later = max(t.get("wall_median_ms", 0.0), t.get("fence_median_ms", 0.0))
+    beyond = later - t["subject_events_ms"]
+    switch_back = max(t.get("fence_median_ms", 0.0) - t.get("wall_median_ms", 0.0), 0.0)
+    copy, pipe = t.get("subject_copy_ms", 0.0), t.get("pipe_ms", 0.0)
+    return dict(beyond_events=beyond, copy=copy, pipes=pipe, switch_back=switch_back,
+                rest=beyond - copy - pipe - switch_back, subtracted=t.get("protocol_ms", 0.0))
 
 
 def against_in_process(out: Path, run: dict, med: dict) -> dict:

@@ -142,6 +142,10 @@ TIMING_COARSE_FRACTION = 0.08
 TIMING_COARSE_RSE = 0.02
 TIMING_COARSE_MIN_REPS = 10
 TIMING_WARMUP_CALLS = 2
+# The protocol's calibration (grader/harness.py calibrate), per trusted subject: warm-up calls
+# before a timed loop's own warm-up, then the calls measured.
+CALIBRATION_WARMUP_CALLS = 6
+CALIBRATION_CALLS = 50
 # ... every timed call's output is compared with SDPA in the harness; this many, picked at random
 # after they return, with the fp32 reference and the precision budget.
 TIMING_SPOT_SAMPLES = 3

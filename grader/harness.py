@@ -56,6 +56,10 @@ from .timing import ProtocolCost, relative_standard_error, summarize
 _perf_counter = time.perf_counter
 _urandom = os.urandom
 REPLY_LIMIT = 4 << 20    # bytes in one reply line; a longer one is a protocol violation
+# What is kept of a timed call's diagnostics line (numbers only; grader/subject/loop.py,
+# Subject.diagnostics): the subject's own clocks, for the overhead figures, never ranked.
+DIAGNOSTICS = ("subject_ms", "subject_gpu_ms", "subject_copy_ms", "t_line", "t_received",
+               "t_synced", "t_replied")
 
 
 class SubjectGone(Exception):
@@ -92,6 +96,11 @@ class Link:
         os.close(rep_w)
         self.pending = b""
         self.sequence = 0
+        # Each timed call's diagnostics line (grader/subject/loop.py) comes after its reply and is
+        # never waited for: it is taken up whenever it has arrived (receive, drain), so that no
+        # time the subject takes outside a timed call's clock can hold up the next call.
+        self.diagnostics: dict[int, dict] = {}
+        self.awaiting: set[int] = set()
         # On a GPU the reply is polled, not waited for: waking from a sleep costs a few hundred
         # microseconds on a virtual machine, and every timed call would pay it.
         self.spin = self.device == "cuda"
@@ -115,12 +124,16 @@ class Link:
             raise SubjectGone("runtime_error", self._death("the subject stopped reading")) from None
 
     def receive(self, deadline: float, expect: int | None = None) -> dict:
-        """The next reply; SubjectGone on death, protocol violation or the deadline."""
+        """The next reply (diagnostics lines set aside); SubjectGone on death, protocol
+        violation or the deadline."""
         while True:
             line, sep, rest = self.pending.partition(b"\n")
             if sep:
                 self.pending = rest
-                return self._parse(line, expect)
+                reply = self._parse(line)
+                if not self._set_aside(reply):
+                    return self._in_sequence(reply, expect)
+                continue
             if len(self.pending) > REPLY_LIMIT:
                 raise SubjectGone("runtime_error", "the subject broke the protocol: a reply over "
                                   f"{REPLY_LIMIT} bytes")
@@ -139,13 +152,47 @@ class Link:
                 raise SubjectGone("runtime_error", self._death("the process ended"))
             self.pending += chunk
 
-    def _parse(self, line: bytes, expect: int | None) -> dict:
+    def drain(self) -> None:
+        """Take up the diagnostics lines that have arrived, without waiting for any."""
+        while self.awaiting:
+            line, sep, rest = self.pending.partition(b"\n")
+            if sep:
+                if not self._set_aside(self._parse(line)):
+                    return   # a reply of another kind: receive's to judge
+                self.pending = rest
+                continue
+            if len(self.pending) > REPLY_LIMIT or not select.select([self.rep_r], [], [], 0)[0]:
+                return   # an overlong line is receive's to judge
+            try:
+                chunk = os.read(self.rep_r, 1 << 16)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self.pending += chunk
+
+    def _set_aside(self, reply: dict) -> bool:
+        if reply.get("event") != "diagnostics" or reply.get("n") not in self.awaiting:
+            return False
+        self.awaiting.discard(reply["n"])
+        self.diagnostics[reply["n"]] = {k: v for k, v in reply.items() if k in DIAGNOSTICS
+                                        and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return True
+
+    def _parse(self, line: bytes) -> dict:
         try:
             reply = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise SubjectGone("runtime_error", "the subject broke the protocol: a reply that is "
                               "not JSON (something wrote to the grader's pipe)") from None
-        if not isinstance(reply, dict) or (expect is not None and reply.get("n") != expect):
+        if not isinstance(reply, dict):
+            raise SubjectGone("runtime_error", "the subject broke the protocol: a reply that is "
+                              "not a JSON object (something wrote to the grader's pipe)")
+        return reply
+
+    @staticmethod
+    def _in_sequence(reply: dict, expect: int | None) -> dict:
+        if expect is not None and reply.get("n") != expect:
             raise SubjectGone("runtime_error", "the subject broke the protocol: a reply out of "
                               "sequence (something wrote to the grader's pipe)")
         return reply
@@ -434,7 +481,7 @@ def calibrate(spec: dict) -> dict:
                for b in busy.values() if "failed" not in b and b["pairs"]]
     if len(medians) == len(CALIBRATION_KERNELS):
         cost = ProtocolCost(idle_ms=cost.idle_ms, busy_ms=statistics.fmean(m[0] for m in medians),
-                            busy_work_ms=statistics.fmean(m[1] for m in medians))
+                            busy_work_ms=min(m[1] for m in medians))
     return dict(floor_ms=cost.idle_ms, protocol=cost.to_dict(), rtt_ms=idle["rtt_ms"],
                 breakdown={name: r.get("breakdown") or clean(r["failed"].get("message"), 500)
                            for name, r in dict(null=idle, **busy).items()},
@@ -449,12 +496,16 @@ def _calibration_calls(spec: dict, name: str) -> dict:
         return failed
     verify = new_verify()
     try:
+        # Longer than a timed loop's warm-up: one cost serves the whole run, and the first calls
+        # of a run find the GPU and its clocks cold.
+        for _ in range(spec.get("warmup", config.CALIBRATION_WARMUP_CALLS)):
+            call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
         warm_up(link, call, deadline)
-        parts = []
-        for i in range(spec.get("reps", 25)):
+        first = len(call.sent)
+        clocks = []
+        for i in range(spec.get("reps", config.CALIBRATION_CALLS)):
             clock, inputs = call.run(seed=i)
-            wall, fence = clock.wall_ms, clock.fence_ms()
-            parts.append((max(wall, fence), wall, fence, call.subject_host_ms, call.subject_gpu_ms))
+            clocks.append((clock.wall_ms, clock.fence_ms()))
             # What time_case does on the GPU between two timed calls, done here too: the cost
             # measured must include what that work does to the next call (the GPU switching to
             # this process's context and back, its clocks). Without it, session 9's timed calls
@@ -468,8 +519,10 @@ def _calibration_calls(spec: dict, name: str) -> dict:
         return dict(failed=dict(status=gone.status, message=gone.message), output=link.output())
     finally:
         link.close()
-    names = ("wall_ms", "fence_ms", "subject_host_ms", "subject_events_ms")
-    return dict(raw=[p[0] for p in parts], pairs=[(p[0], p[4]) for p in parts if p[4] is not None],
+    parts = [(max(wall, fence), wall, fence, *_subject_ms(r))
+             for (wall, fence), r in zip(clocks, call.reported()[first:])]
+    names = ("wall_ms", "fence_ms", "subject_events_ms", "subject_host_ms")
+    return dict(raw=[p[0] for p in parts], pairs=[(p[0], p[3]) for p in parts if p[3] is not None],
                 rtt_ms=rtt, output=link.output(), verify=verify,
                 breakdown={n: _median_of([p[i + 1] for p in parts]) for i, n in enumerate(names)})
 
@@ -519,7 +572,8 @@ def time_case(spec: dict) -> dict:
         rtt_ms = round_trip_ms(link, deadline)
         cost = ProtocolCost.from_dict(spec.get("protocol"))
         warm_up(link, call, deadline)
-        walls, fences, times, samples, helpers, reported = [], [], [], [], [], []
+        first = len(call.sent)   # the first timed call's place among the calls made
+        walls, fences, times, samples, helpers = [], [], [], [], []
         stopped_by, loop_start = "max_reps", _perf_counter()
         while len(walls) < spec.get("max_calls", config.TIMING_MAX_REPS):
             seed = int.from_bytes(_urandom(8), "little") >> 1
@@ -527,7 +581,6 @@ def time_case(spec: dict) -> dict:
             walls.append(clock.wall_ms)
             fences.append(clock.fence_ms())
             times += corrected(walls[-1:], fences[-1:], cost)
-            reported.append((call.subject_gpu_ms, call.subject_host_ms))
             verify_call(result["verify"], len(walls) - 1, call.snapshot, inputs, case)
             _keep_sample(samples, pick, len(walls) - 1, seed, call.snapshot, config.TIMING_SPOT_SAMPLES)
             if device == "cuda" and (len(walls) - 1) % config.TIMING_PROCESS_CHECK_EVERY == 0:
@@ -550,6 +603,8 @@ def time_case(spec: dict) -> dict:
         return dict(failed=dict(record, message=f"timing {case.id}: {record['message']}"),
                     output=link.output())
     link.close()
+    diagnostics = call.reported()[first:]
+    reported = [_subject_ms(r) for r in diagnostics]
     stats = summarize(times, flops=case.flops, warmup_calls=config.TIMING_WARMUP_CALLS,
                       budget_s=spec["budget_s"], stopped_by=stopped_by,
                       wall_s=_perf_counter() - loop_start,
@@ -560,6 +615,9 @@ def time_case(spec: dict) -> dict:
                       rtt_ms=rtt_ms,
                       subject_events_ms=_median_of([gpu for gpu, _ in reported]),
                       subject_host_ms=_median_of([host for _, host in reported]),
+                      subject_copy_ms=_median_of([_diagnostic_ms(d.get("subject_copy_ms"))
+                                                  for d in diagnostics]),
+                      pipe_ms=_median_of([_pipe_ms(d) for d in diagnostics]),
                       launched=tuple(tuple(x) for x in _launched(report.get("kernels"))),
                       profiled_calls=len(walls) + 1)
     result.update(stats=stats.to_dict(),
@@ -577,18 +635,23 @@ class Call:
     def __init__(self, link: Link, q, k, v, o, flush, shape, device: str, deadline: float):
         self.link, self.q, self.k, self.v, self.o = link, q, k, v, o
         self.flush, self.shape, self.device, self.deadline = flush, shape, device, deadline
-        self.subject_gpu_ms: float | None = None
-        self.subject_host_ms: float | None = None
+        self.sent: list[tuple[int, float, float]] = []   # (request number, go, reply) per call
 
     def run(self, seed: int) -> tuple[Clock, tuple[torch.Tensor, ...]]:
+        # Armed before this call's inputs exist, so that "arm" tells the subject nothing it could
+        # start on: it makes its views of the buffers then, and after "go" reads one short line
+        # and launches (grader/subject/loop.py). Nothing is waited for here but the reply to
+        # "go": a subject slow to take up "arm" is slow inside the clock.
+        self.link.send(dict(op="arm", shape=list(self.shape)))
         inputs = make_random_inputs(self.shape, seed=seed, device=self.device)
         for dst, src in zip((self.q, self.k, self.v), inputs):
             dst.copy_(src)
         self.o.fill_(float("nan"))
         self.flush.zero_()
+        self.link.drain()
         synchronize(self.device)
         clock = Clock(self.device)
-        n, request = self.link.encode(dict(op="call", shape=list(self.shape), timed=True))
+        n, request = self.link.encode(dict(op="go"))
         clock.go()
         self.link.write(request)
         reply = self.link.receive(self.deadline, expect=n)
@@ -598,12 +661,36 @@ class Call:
         # Read O now: this process's first GPU work after the reply, right behind the fence event.
         self.snapshot = self.o.clone()
         synchronize(self.device)
-        # What the subject measured about itself, sent after the reply: diagnostics, never ranked.
-        self.reply = self.link.receive(self.deadline, expect=n)
-        self.subject_gpu_ms = _diagnostic_ms(self.reply.get("subject_gpu_ms"))
-        self.subject_host_ms = _diagnostic_ms(self.reply.get("subject_ms"))
-        self.reply["t_go"], self.reply["t_reply"] = clock.t0, clock.t_reply
+        self.link.awaiting.add(n)
+        self.sent.append((n, clock.t0, clock.t_reply))
         return clock, inputs
+
+    def reported(self) -> list[dict]:
+        """What the subject measured about each call (its diagnostics line, sent after the
+        reply; diagnostics, never ranked), in call order, with this process's go and reply
+        times. Complete once a later reply has been received (the profiler's, at the end)."""
+        return [dict(self.link.diagnostics.get(n, {}), t_go=t_go, t_reply=t_reply)
+                for n, t_go, t_reply in self.sent]
+
+
+def _subject_ms(diagnostics: dict) -> tuple[float | None, float | None]:
+    """(GPU, host) times the subject reported about one call: its events around the call, its
+    clock from taking the request up to the work done."""
+    return (_diagnostic_ms(diagnostics.get("subject_gpu_ms")),
+            _diagnostic_ms(diagnostics.get("subject_ms")))
+
+
+def _pipe_ms(diagnostics: dict) -> float | None:
+    """The call's two trips through the pipes, from the subject's clock readings and this
+    process's (one host clock, CLOCK_MONOTONIC): "go" written to its line read, and the reply
+    written to its reading here. None where the subject gave no line time (off a GPU)."""
+    try:
+        d = diagnostics
+        if not d.get("t_line"):
+            return None
+        return _diagnostic_ms(((d["t_line"] - d["t_go"]) + (d["t_reply"] - d["t_replied"])) * 1e3)
+    except (KeyError, TypeError):
+        return None
 
 
 def _diagnostic_ms(value) -> float | None:

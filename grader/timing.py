@@ -39,6 +39,10 @@ class TimingStats:
                                    # events around its calls, as it reported them (the protocol's overhead
                                    # is median_ms against this, on the same calls: bench/timing_trust.py)
     subject_host_ms: float = 0.0   # diagnostic only: the subject's host clock from request to reply
+    subject_copy_ms: float = 0.0   # diagnostic only: the subject's events around its copy into O
+    pipe_ms: float = 0.0           # diagnostic only: "go" and the reply through the pipes (both
+                                   # processes' host clocks); with the copy, fence - wall (the GPU
+                                   # switching back to the harness) and the rest, the protocol's cost
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -58,13 +62,14 @@ class ProtocolCost:
     - idle_ms: a call that does no GPU work (the round trip, the output's copy, the GPU context
       switches);
     - busy_ms: a call that runs an attention kernel on the timed case (harness.CALIBRATION_KERNELS:
-      SDPA's cuDNN and FLASH kernels, busy_work_ms on average), less that work as the kernel's own
-      CUDA events measured it, averaged over the kernels. On an H100 this is 0.15-0.4 ms more than
-      idle_ms (notes/gpu_runs.md, bench/protocol_probe.json).
+      SDPA's cuDNN and FLASH kernels), less that work as the kernel's own CUDA events measured it,
+      averaged over the kernels. On an H100 this is 0.2-0.4 ms more than idle_ms, about the same
+      for a 13 ms and a 25 ms kernel (notes/gpu_runs.md, bench/protocol_probe.json);
+    - busy_work_ms: the shortest of those kernels' work.
 
     A call of w ms of work beyond the idle cost pays idle_ms plus the difference, scaled by
-    min(w / busy_work_ms, 1). The subtracted cost grows with the raw time at a slope below 1, so
-    a slower call is never ranked faster."""
+    min(w / busy_work_ms, 1): between the two measured costs, never beyond them. The subtracted
+    cost grows with the raw time at a slope below 1, so a slower call is never ranked faster."""
     idle_ms: float = 0.0
     busy_ms: float = 0.0
     busy_work_ms: float = 0.0

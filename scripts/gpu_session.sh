@@ -18,7 +18,8 @@
 # the driver link it needs), tracks (the CuTe and TileLang examples checked), test-gpu (without
 # the adversarial set), examples (make grade of examples/ with the baselines), adversarial,
 # timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py),
-# wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case).
+# wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
+# probe (bench/protocol_probe.py --solution $PROBE_ARGS).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
 # it was started from.
 set -u
@@ -55,6 +56,9 @@ task() {
         adversarial) make adversarial; python3 tests/adversarial/verdicts.py results-adversarial ;;
         # its figures are written whether or not the limits hold: bring them back either way
         timing-trust) make timing-trust; s=$?; cp bench/timing_trust.json "$OUT/" 2>/dev/null; (exit $s) ;;
+        # where a timed call's time goes, per trusted kernel (the overhead figure's breakdown)
+        probe) make env && .venv/bin/python bench/protocol_probe.py --solution ${PROBE_ARGS:-} \
+                   && cp bench/protocol_probe.json "$OUT/" ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;
         bench-grader) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="${BENCH_ARGS:-}" \
                           && cp bench/grader_bench.json "$OUT/" ;;

@@ -43,6 +43,9 @@ def test_the_harness_times_a_known_kernel_from_another_process(tmp_path):
     assert stats["n"] >= 5 and stats["min_ms"] <= stats["median_ms"] and stats["tflops"] > 10
     # the GPU clock trails the host clock by the context switch only: the subject synchronized
     assert stats["wall_median_ms"] <= stats["fence_median_ms"] <= stats["wall_median_ms"] + 1.0
+    # the parts of the protocol's cost the subject's account gives: its copy into O, the pipes
+    assert 0 < stats["subject_copy_ms"] < stats["median_ms"] and 0 < stats["pipe_ms"] < 1.0, stats
+    assert stats["subject_events_ms"] < stats["wall_median_ms"]
     assert record["verify"]["checked"] == stats["n"] + 0 and record["verify"]["wrong"] == 0
     assert 1 <= len(record["spots"]) <= 3 and all(s["finding"]["ok"] for s in record["spots"])
     assert any("flash" in name for name, *_ in stats["launched"])

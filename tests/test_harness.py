@@ -166,20 +166,22 @@ def test_what_the_subject_says_about_its_own_time_is_parsed_defensively():
         assert _diagnostic_ms(bad) is None
 
 
+def time_spec(tmp_path, source: str, max_calls: int = 6) -> dict:
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / "submission.py").write_text(textwrap.dedent(source))
+    return dict(mode="time", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
+                subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
+                tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
+                case=Case(1, 2, 16, 64, seed=3).to_dict(), budget_s=60, l2_bytes=0,
+                max_calls=max_calls, precision=dict(precision_factor=2.0, precision_floor=1e-3))
+
+
 def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
     """The timed loop on the CPU: each call's reply carries nothing but what was returned, the
     subject's account of itself comes in a second line after the harness's clock stopped, every
     output is read and verified, and the profiler saw the timed calls and the last warm-up."""
-    folder = tmp_path / "sub"
-    folder.mkdir()
-    (folder / "submission.py").write_text("def custom_kernel(data):\n    return data[2] * 1\n")
-    case = Case(1, 2, 16, 64, seed=3)
-    spec = dict(mode="time", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
-                subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
-                tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
-                case=case.to_dict(), budget_s=60, l2_bytes=0, max_calls=6,
-                precision=dict(precision_factor=2.0, precision_floor=1e-3))
-    record = harness.time_case(spec)
+    record = harness.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n"))
     assert "failed" not in record, record
     stats = record["stats"]
     assert stats["n"] == 6 and stats["profiled_calls"] == 7 and stats["stopped_by"] == "max_reps"
@@ -189,6 +191,51 @@ def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
     assert stats["subject_host_ms"] > 0   # from the diagnostics line, after the reply
     assert len(record["spots"]) == 3 and not any(s["finding"]["ok"] for s in record["spots"])
     json.dumps(record)
+
+
+def test_what_the_subject_reports_is_matched_to_the_timed_call_it_is_about(tmp_path):
+    """Diagnostics lines are taken up late, so each is matched to its call by number: the slow
+    warm-up calls are not taken for timed ones."""
+    record = harness.time_case(time_spec(tmp_path, """
+        import time
+        calls = []
+        def custom_kernel(data):
+            calls.append(1)
+            if len(calls) > 2:       # after the two warm-up calls: the timed ones
+                time.sleep(0.2)
+            return data[2] * 1
+    """, max_calls=2))
+    assert "failed" not in record, record
+    assert config.TIMING_WARMUP_CALLS == 2
+    # the subject's account of the two timed calls (~200 ms each), not of the warm-up calls (~0)
+    assert record["stats"]["subject_host_ms"] > 150, record["stats"]
+    assert min(raw for raw, _ in record["calls"]) > 150, record["calls"]
+
+
+def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_clock(tmp_path):
+    """An idle GPU between calls runs the next one cooler and faster, so the subject must not be
+    able to pause outside the clock: the harness waits for nothing but the reply to "go". A
+    subject (patched from the submission, as a student could) that sleeps on taking up "arm"
+    and before its diagnostics line has each sleep counted in a timed call."""
+    record = harness.time_case(time_spec(tmp_path, """
+        import sys, time
+        loop = sys.modules["__main__"]          # grader/subject/loop.py, run as a script
+        arm, diagnostics = loop.Subject.arm, loop.Subject.diagnostics
+        def slow_arm(self, request):
+            time.sleep(0.15)
+            return arm(self, request)
+        def slow_diagnostics(self):
+            time.sleep(0.15)
+            return diagnostics(self)
+        loop.Subject.arm, loop.Subject.diagnostics = slow_arm, slow_diagnostics
+        def custom_kernel(data):
+            return data[2] * 1
+    """, max_calls=4))
+    assert "failed" not in record, record
+    raw = [t for t, _ in record["calls"]]
+    # ms: the arm's sleep, and of the diagnostics sleep all but what hid behind the harness's
+    # own work between calls (reading and checking the output, new inputs: ~10 ms here)
+    assert len(raw) == 4 and min(raw) > 220, raw
 
 
 def test_a_call_far_slower_than_the_fast_ones_is_timed_coarsely():
@@ -219,7 +266,7 @@ def test_the_calibration_does_what_the_timed_loop_does_between_calls(tmp_path):
     spec = dict(mode="calibrate", device="cpu", target=dict(kind="builtin", name="null"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
-                case=case.to_dict(), l2_bytes=0, reps=5)
+                case=case.to_dict(), l2_bytes=0, reps=5, warmup=1)
     record = harness._calibration_calls(spec, "null")
     assert "failed" not in record, record
     assert len(record["raw"]) == 5 and all(t > 0 for t in record["raw"])

@@ -9,15 +9,18 @@ descriptors. After loading the submission it answers each request, one JSON line
     {"op": "call", "n": 7, "shape": [B, H, S, D], "profile": true}
         -> {"event": "done", "n": 7, "returned": {...}, "launched": [...], "peak_memory_bytes": ...}
          | {"event": "error", "n": 7, "error": "ValueError", "message": ..., "context_alive": true}
-    {"op": "call", "n": 9, "shape": [B, H, S, D], "timed": true}
-        -> {"event": "done", "n": 9, "returned": {...}}, then {"event": "diagnostics", "n": 9, ...}
+    {"op": "arm", "n": 9, "shape": [B, H, S, D]}      (no reply: the next "go"'s views made)
+    {"op": "go", "n": 10}
+        -> {"event": "done", "n": 10, "returned": {...}}, then {"event": "diagnostics", "n": 10, ...}
     {"op": "profile", "on": true}  /  {"op": "profile", "on": false} -> {"event": "profile", "kernels": [...]}
     {"op": "ping", "n": 8} -> {"event": "pong", "n": 8}
     {"op": "exit"}
 
 A call reads Q, K, V from the shared buffers, calls the submission, copies what it returned into
-the shared O, synchronizes the device and replies. The harness times it with its own clock, reads
-O itself, and treats every reply as a claim: this process decides nothing.
+the shared O, synchronizes the device and replies. A timed call is armed first ("arm": its views
+of the buffers made before the harness's clock starts) and started by "go", so that between "go"
+and the launch this process does no more than read one short line. The harness times it with its
+own clock, reads O itself, and treats every reply as a claim: this process decides nothing.
 """
 
 from __future__ import annotations
@@ -181,10 +184,16 @@ class Subject:
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.device == "cuda" else []
         self.t_line = 0.0
         self.clocks = (0.0, 0.0, 0.0)
+        self.armed = None   # (shape, views) of the next timed call, or why not: Subject.arm
+        self.t_replied = 0.0   # when the last timed call's reply was written
 
     def reply(self, record: dict) -> None:
         self.replies.write(json.dumps(record) + "\n")
         self.replies.flush()
+
+    def send(self, line: bytes) -> None:
+        """An encoded reply, written at once (every earlier one was flushed)."""
+        os.write(self.replies.fileno(), line)
 
     def synchronize(self) -> None:
         if self.device == "cuda":
@@ -197,12 +206,37 @@ class Subject:
         except Exception:
             return False
 
-    def call(self, request: dict) -> dict:
-        """One call on the shared buffers. A timed call ("timed": true) does nothing else between
-        the request and the reply: no memory statistics, its events made in advance, and what
-        this process measured about itself sent in a second line after the reply (diagnostics)."""
-        shape, timed = tuple(request["shape"]), bool(request.get("timed"))
-        q, k, v, o = (self.buffers[name].view(shape) for name in "qkvo")
+    def views(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        return tuple(self.buffers[name].view(shape) for name in "qkvo")
+
+    def arm(self, request: dict) -> None:
+        """The next timed call's views of the buffers, made before its "go" (no reply: the
+        harness waits for nothing outside a timed call's clock). A shape the buffers cannot
+        hold is go's error."""
+        try:
+            shape = tuple(request["shape"])
+            self.armed = (shape, self.views(shape))
+        except (KeyError, TypeError, ValueError) as e:
+            self.armed = e
+
+    def go(self, n: int) -> dict:
+        """The armed call, timed: nothing between the request and the reply but the call itself
+        (no memory statistics, its events made in advance, its reply encoded while the GPU works
+        and written as soon as the device is synchronized); what this process measured about
+        itself is sent in a second line after the reply (diagnostics)."""
+        armed, self.armed = self.armed, None
+        if armed is None:
+            raise RuntimeError("the grader sent go with no call armed")
+        if isinstance(armed, Exception):
+            raise armed
+        shape, views = armed
+        return self.call(dict(shape=list(shape), n=n), views)
+
+    def call(self, request: dict, armed: tuple[torch.Tensor, ...] | None = None) -> dict:
+        """One call on the shared buffers: an untimed one ("call"), or the armed timed one,
+        which replies itself."""
+        shape, timed = tuple(request["shape"]), armed is not None
+        q, k, v, o = armed or self.views(shape)
         if self.device == "cuda" and not timed:
             torch.cuda.reset_peak_memory_stats()
         received = time.perf_counter()
@@ -239,8 +273,14 @@ class Subject:
                     o.copy_(out)
                 if events:
                     events[2].record()
+                if timed:
+                    done = (json.dumps(dict(event="done", returned=returned, n=request["n"]))
+                            + "\n").encode()
                 self.synchronize()
                 synced = time.perf_counter()
+                if timed:
+                    self.send(done)
+                    self.t_replied = time.perf_counter()
         finally:
             if profiler is not None:
                 profiler.__exit__(None, None, None)
@@ -314,15 +354,19 @@ class Subject:
             if op == "profile":
                 self.reply(dict(self.profile(request["on"]), n=n))
                 continue
+            if op == "arm":
+                self.arm(request)
+                continue
             try:
-                record = self.call(request)
+                record = self.go(n) if op == "go" else self.call(request)
             except Exception as e:   # the submission's fault: reported, then the next request
                 self.reply(dict(event="error", context_alive=self.context_alive(), **_error(e), n=n))
                 continue
-            t_replied = time.perf_counter()
-            self.reply(dict(record, n=n))
-            if request.get("timed"):   # after the reply: outside the harness's clock
-                self.reply(dict(event="diagnostics", n=n, t_replied=t_replied, **self.diagnostics()))
+            if op != "go" or record.get("event") != "done":   # a timed call's "done" is sent
+                self.reply(dict(record, n=n))
+            if op == "go" and record.get("event") == "done":   # after the reply: outside the clock
+                self.reply(dict(event="diagnostics", n=n, t_replied=self.t_replied,
+                                **self.diagnostics()))
 
 
 def _mentions_tilelang(source: str) -> bool:
