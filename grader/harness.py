@@ -171,6 +171,10 @@ class Link:
                 return
             self.pending += chunk
 
+    def expect_diagnostics(self, n: int) -> None:
+        """Request n was a timed call: its diagnostics line is to be set aside when it comes."""
+        self.awaiting.add(n)
+
     def _set_aside(self, reply: dict) -> bool:
         if reply.get("event") != "diagnostics" or reply.get("n") not in self.awaiting:
             return False
@@ -498,10 +502,8 @@ def _calibration_calls(spec: dict, name: str) -> dict:
     try:
         # Longer than a timed loop's warm-up: one cost serves the whole run, and the first calls
         # of a run find the GPU and its clocks cold.
-        for _ in range(spec.get("warmup", config.CALIBRATION_WARMUP_CALLS)):
-            call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
-        warm_up(link, call, deadline)
-        first = len(call.sent)
+        first = warm_up(link, call, deadline, calls=config.TIMING_WARMUP_CALLS
+                        + spec.get("warmup", config.CALIBRATION_WARMUP_CALLS))
         clocks = []
         for i in range(spec.get("reps", config.CALIBRATION_CALLS)):
             clock, inputs = call.run(seed=i)
@@ -519,12 +521,15 @@ def _calibration_calls(spec: dict, name: str) -> dict:
         return dict(failed=dict(status=gone.status, message=gone.message), output=link.output())
     finally:
         link.close()
-    parts = [(max(wall, fence), wall, fence, *_subject_ms(r))
+    parts = [(max(wall, fence), wall, fence, _reported_figures(r))
              for (wall, fence), r in zip(clocks, call.reported()[first:])]
-    names = ("wall_ms", "fence_ms", "subject_events_ms", "subject_host_ms")
-    return dict(raw=[p[0] for p in parts], pairs=[(p[0], p[3]) for p in parts if p[3] is not None],
+    return dict(raw=[p[0] for p in parts], pairs=[(p[0], p[3]["events"]) for p in parts
+                                                  if p[3]["events"] is not None],
                 rtt_ms=rtt, output=link.output(), verify=verify,
-                breakdown={n: _median_of([p[i + 1] for p in parts]) for i, n in enumerate(names)})
+                breakdown=dict(wall_ms=_median_of([p[1] for p in parts]),
+                               fence_ms=_median_of([p[2] for p in parts]),
+                               subject_events_ms=_median_of([p[3]["events"] for p in parts]),
+                               subject_host_ms=_median_of([p[3]["host"] for p in parts])))
 
 
 def open_call(spec: dict, deadline: float) -> tuple["Link", "Call | None", dict | None]:
@@ -541,13 +546,16 @@ def open_call(spec: dict, deadline: float) -> tuple["Link", "Call | None", dict 
     return link, Call(link, q, k, v, o, flush, case.shape, device, deadline), None
 
 
-def warm_up(link: Link, call: "Call", deadline: float) -> None:
+def warm_up(link: Link, call: "Call", deadline: float,
+            calls: int = config.TIMING_WARMUP_CALLS) -> int:
     """The warm-up calls before timed ones, the profiler turned on before the last of them (the
-    first call under the profiler pays for its start). Timed calls run with it on."""
-    for i in range(config.TIMING_WARMUP_CALLS):
-        if i == config.TIMING_WARMUP_CALLS - 1:
+    first call under the profiler pays for its start). Timed calls run with it on. Returns the
+    number of calls made so far: the first timed call's place in Call.reported()."""
+    for i in range(calls):
+        if i == calls - 1:
             link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
         call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
+    return len(call.sent)
 
 
 def coarse_enough(times: list[float], coarse_ms: float | None) -> bool:
@@ -571,8 +579,7 @@ def time_case(spec: dict) -> dict:
     try:
         rtt_ms = round_trip_ms(link, deadline)
         cost = ProtocolCost.from_dict(spec.get("protocol"))
-        warm_up(link, call, deadline)
-        first = len(call.sent)   # the first timed call's place among the calls made
+        first = warm_up(link, call, deadline)
         walls, fences, times, samples, helpers = [], [], [], [], []
         stopped_by, loop_start = "max_reps", _perf_counter()
         while len(walls) < spec.get("max_calls", config.TIMING_MAX_REPS):
@@ -603,8 +610,7 @@ def time_case(spec: dict) -> dict:
         return dict(failed=dict(record, message=f"timing {case.id}: {record['message']}"),
                     output=link.output())
     link.close()
-    diagnostics = call.reported()[first:]
-    reported = [_subject_ms(r) for r in diagnostics]
+    reported = [_reported_figures(r) for r in call.reported()[first:]]
     stats = summarize(times, flops=case.flops, warmup_calls=config.TIMING_WARMUP_CALLS,
                       budget_s=spec["budget_s"], stopped_by=stopped_by,
                       wall_s=_perf_counter() - loop_start,
@@ -613,16 +619,15 @@ def time_case(spec: dict) -> dict:
                       raw_mean_ms=statistics.fmean(max(w, f) for w, f in zip(walls, fences)),
                       protocol_ms=statistics.fmean(max(w, f) - t for w, f, t in zip(walls, fences, times)),
                       rtt_ms=rtt_ms,
-                      subject_events_ms=_median_of([gpu for gpu, _ in reported]),
-                      subject_host_ms=_median_of([host for _, host in reported]),
-                      subject_copy_ms=_median_of([_diagnostic_ms(d.get("subject_copy_ms"))
-                                                  for d in diagnostics]),
-                      pipe_ms=_median_of([_pipe_ms(d) for d in diagnostics]),
+                      subject_events_ms=_median_of([r["events"] for r in reported]),
+                      subject_host_ms=_median_of([r["host"] for r in reported]),
+                      subject_copy_ms=_median_of([r["copy"] for r in reported]),
+                      pipe_ms=_median_of([r["pipes"] for r in reported]),
                       launched=tuple(tuple(x) for x in _launched(report.get("kernels"))),
                       profiled_calls=len(walls) + 1)
     result.update(stats=stats.to_dict(),
                   spots=check_samples(samples, case, spec),
-                  calls=[[max(w, f), gpu] for w, f, (gpu, _) in zip(walls, fences, reported)],
+                  calls=[[max(w, f), r["events"]] for w, f, r in zip(walls, fences, reported)],
                   helpers=[h for h in helpers if h], gpu_processes_seen=any(h is not None for h in helpers),
                   output=link.output())
     return result
@@ -661,7 +666,7 @@ class Call:
         # Read O now: this process's first GPU work after the reply, right behind the fence event.
         self.snapshot = self.o.clone()
         synchronize(self.device)
-        self.link.awaiting.add(n)
+        self.link.expect_diagnostics(n)
         self.sent.append((n, clock.t0, clock.t_reply))
         return clock, inputs
 
@@ -673,24 +678,19 @@ class Call:
                 for n, t_go, t_reply in self.sent]
 
 
-def _subject_ms(diagnostics: dict) -> tuple[float | None, float | None]:
-    """(GPU, host) times the subject reported about one call: its events around the call, its
-    clock from taking the request up to the work done."""
-    return (_diagnostic_ms(diagnostics.get("subject_gpu_ms")),
-            _diagnostic_ms(diagnostics.get("subject_ms")))
-
-
-def _pipe_ms(diagnostics: dict) -> float | None:
-    """The call's two trips through the pipes, from the subject's clock readings and this
-    process's (one host clock, CLOCK_MONOTONIC): "go" written to its line read, and the reply
-    written to its reading here. None where the subject gave no line time (off a GPU)."""
-    try:
-        d = diagnostics
-        if not d.get("t_line"):
-            return None
-        return _diagnostic_ms(((d["t_line"] - d["t_go"]) + (d["t_reply"] - d["t_replied"])) * 1e3)
-    except (KeyError, TypeError):
-        return None
+def _reported_figures(r: dict) -> dict:
+    """What one call's entry of Call.reported() says, in ms (None where it says nothing usable):
+    the subject's events around the call and around its copy into O, its host clock from taking
+    the request up to the work done, and the call's two trips through the pipes ("go" written
+    here to its line read there, the reply written there to its reading here: one host clock,
+    CLOCK_MONOTONIC, in both processes; the subject reads no line time off a GPU)."""
+    pipes = None
+    if all(isinstance(r.get(k), (int, float)) for k in ("t_go", "t_line", "t_replied", "t_reply")) \
+            and r["t_line"]:
+        pipes = _diagnostic_ms((r["t_line"] - r["t_go"] + r["t_reply"] - r["t_replied"]) * 1e3)
+    return dict(events=_diagnostic_ms(r.get("subject_gpu_ms")),
+                host=_diagnostic_ms(r.get("subject_ms")),
+                copy=_diagnostic_ms(r.get("subject_copy_ms")), pipes=pipes)
 
 
 def _diagnostic_ms(value) -> float | None:

@@ -166,8 +166,8 @@ def test_what_the_subject_says_about_its_own_time_is_parsed_defensively():
         assert _diagnostic_ms(bad) is None
 
 
-def time_spec(tmp_path, source: str, max_calls: int = 6) -> dict:
-    folder = tmp_path / "sub"
+def time_spec(tmp_path, source: str, max_calls: int = 6, name: str = "sub") -> dict:
+    folder = tmp_path / name
     folder.mkdir()
     (folder / "submission.py").write_text(textwrap.dedent(source))
     return dict(mode="time", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
@@ -236,6 +236,11 @@ def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_cl
     # ms: the arm's sleep, and of the diagnostics sleep all but what hid behind the harness's
     # own work between calls (reading and checking the output, new inputs: ~10 ms here)
     assert len(raw) == 4 and min(raw) > 220, raw
+    # its honest twin, the same kernel without the pauses, is timed at the kernel's own time
+    twin = harness.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n",
+                                       max_calls=4, name="twin"))
+    assert "failed" not in twin, twin
+    assert max(t for t, _ in twin["calls"]) < 100, twin["calls"]
 
 
 def test_a_call_far_slower_than_the_fast_ones_is_timed_coarsely():

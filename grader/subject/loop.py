@@ -183,9 +183,8 @@ class Subject:
         self.tilelang_nvcc: str | None = None   # set once TileLang is told there is no GPU
         self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.device == "cuda" else []
         self.t_line = 0.0
-        self.clocks = (0.0, 0.0, 0.0)
+        self.clocks = (0.0, 0.0, 0.0, 0.0)
         self.armed = None   # (shape, views) of the next timed call, or why not: Subject.arm
-        self.t_replied = 0.0   # when the last timed call's reply was written
 
     def reply(self, record: dict) -> None:
         self.replies.write(json.dumps(record) + "\n")
@@ -277,17 +276,17 @@ class Subject:
                     done = (json.dumps(dict(event="done", returned=returned, n=request["n"]))
                             + "\n").encode()
                 self.synchronize()
-                synced = time.perf_counter()
+                synced = replied = time.perf_counter()
                 if timed:
                     self.send(done)
-                    self.t_replied = time.perf_counter()
+                    replied = time.perf_counter()
         finally:
             if profiler is not None:
                 profiler.__exit__(None, None, None)
         if not_run:   # with what ran before the launch: a library call there is flagged
             return dict(event="not_run", message=not_run,
                         launched=launched_names(profiler, self.device) if profiler else [])
-        self.clocks = (self.t_line, received, synced)
+        self.clocks = (self.t_line, received, synced, replied)
         if timed:
             return dict(event="done", returned=returned)
         peak = torch.cuda.max_memory_allocated() if self.device == "cuda" else 0
@@ -300,10 +299,10 @@ class Subject:
         (its CUDA events around the call and around the copy into O; the host clock when the
         request line arrived, when it was taken up and when the work was done). The protocol's
         overhead is measured with them (bench/timing_trust.py, bench/protocol_probe.py)."""
-        line, received, synced = self.clocks
+        line, received, synced, replied = self.clocks
         return dict(subject_ms=(synced - received) * 1e3, subject_gpu_ms=_elapsed_ms(self.events[:2]),
                     subject_copy_ms=_elapsed_ms(self.events[1:]), t_line=line,
-                    t_received=received, t_synced=synced)
+                    t_received=received, t_synced=synced, t_replied=replied)
 
     def profile(self, on: bool) -> dict:
         from torch.profiler import ProfilerActivity, profile
@@ -362,11 +361,10 @@ class Subject:
             except Exception as e:   # the submission's fault: reported, then the next request
                 self.reply(dict(event="error", context_alive=self.context_alive(), **_error(e), n=n))
                 continue
-            if op != "go" or record.get("event") != "done":   # a timed call's "done" is sent
+            if op == "go" and record.get("event") == "done":   # its reply is written: Subject.call
+                self.reply(dict(event="diagnostics", n=n, **self.diagnostics()))   # outside the clock
+            else:
                 self.reply(dict(record, n=n))
-            if op == "go" and record.get("event") == "done":   # after the reply: outside the clock
-                self.reply(dict(event="diagnostics", n=n, t_replied=self.t_replied,
-                                **self.diagnostics()))
 
 
 def _mentions_tilelang(source: str) -> bool:
