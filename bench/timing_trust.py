@@ -69,7 +69,10 @@ def main() -> int:
     figures["against_in_process"] = against_in_process(out, run, med) if in_process else {}
     (ROOT / "bench" / "timing_trust.json").write_text(json.dumps(figures, indent=1) + "\n")
     for k, v in med.items():
-        print(f"  {k:28s} {v:9.3f} ms")
+        t = figures["stats"].get(k) or (flash["timing"] if k.startswith("sdpa_flash (") else {})
+        interval = (f"  (95% interval of the median {t['median_low_ms']:.3f} to {t['median_high_ms']:.3f})"
+                    if t.get("median_high_ms") else "")
+        print(f"  {k:28s} {v:9.3f} ms{interval}")
     print(f"same kernel twice:  {100 * same:.2f}% apart (must be < 1%)")
     print(f"SDPA FLASH wrapper: {100 * calib:.2f}% from the baseline row (must be < 2%)")
     for name, o in overhead.items():

@@ -268,10 +268,10 @@ def _error_text(reply: dict, where: str = "") -> str:
 
 def _gone_record(gone: SubjectGone, link: Link, spec: dict, *, loading: bool,
                  limit: str = "") -> dict:
-    doing = "loading the submission" if loading else "this case"
+    doing = "loading the submission" if loading else "running this case"
     if gone.status == "timeout":
-        return dict(status="timeout", message=f"still running after {limit or _run_limit(spec)} "
-                                              f"({doing}); killed")
+        return dict(status="timeout", message=f"still running after {limit or _run_limit(spec)}; "
+                                              f"killed while {doing}")
     tail = "\n".join(link.output().rstrip().splitlines()[-25:])
     return dict(status="runtime_error", message=f"{gone.message} while {doing}\n{tail}")
 
@@ -285,6 +285,37 @@ def _run_limit(spec: dict) -> str:
 
 def run_cases(spec: dict) -> dict:
     """Each case once, profiled; O saved to <out_dir>/<case>.pt for the checker."""
+    link, buffers, records = _run_all(spec)
+    link.close()
+    return dict(cases=records, output=link.output())
+
+
+def run_then_time(spec: dict) -> None:
+    """The run stage, then the time stage on the same subject process (issue 13: no second
+    harness, subject, import or JIT compile for a submission). The run's record goes to
+    spec["result"] and "ran" down the control pipe; the pipeline, having checked the outputs,
+    answers "time" or "stop"; the time stage's record goes to spec["time"]["result"]. The
+    subject waits for its next request meanwhile, as between any two calls; the timed loop
+    (time_case) is the one a fresh subject gets, warm-up included."""
+    ready_fd, decide_fd = spec["control"]
+    link, buffers, records = _run_all(spec)
+    write_result(spec["result"], dict(cases=records, output=link.reader.text()))
+    timing = dict(spec, **spec["time"])
+    try:
+        os.write(ready_fd, b"ran\n")
+        decision = os.read(decide_fd, 64)
+    except OSError:
+        decision = b""
+    alive = link.proc.poll() is None and all(r.get("status") == "pass" for r in records.values())
+    if decision.startswith(b"time") and alive:
+        write_result(timing["result"], time_case(timing, opened=(link, buffers)))
+    else:
+        link.close()
+
+
+def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]]:
+    """The subject started on buffers for the largest case and every case run once: its link
+    (still open), the buffers and a record per case."""
     device, out_dir = spec["device"], Path(spec["out_dir"])
     cases = [Case.from_dict(c) for c in spec["cases"]]
     deadline = time.monotonic() + spec["deadline_s"]
@@ -301,9 +332,10 @@ def run_cases(spec: dict) -> dict:
                 rest = dict(status="runtime_error", message="not run: the submission did not load")
             else:
                 records[case.id], rest = run_one(link, case, buffers, out_dir, device, deadline, spec)
-    finally:
+    except BaseException:
         link.close()
-    return dict(cases=records, output=link.output())
+        raise
+    return link, buffers, records
 
 
 def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadline: float,
@@ -532,17 +564,23 @@ def _calibration_calls(spec: dict, name: str) -> dict:
                                subject_host_ms=_median_of([p[3]["host"] for p in parts])))
 
 
-def open_call(spec: dict, deadline: float) -> tuple["Link", "Call | None", dict | None]:
+def open_call(spec: dict, deadline: float,
+              opened: tuple[Link, dict[str, SharedBuffer]] | None = None
+              ) -> tuple["Link", "Call | None", dict | None]:
     """The case's shared buffers, the subject started on them and the Call that drives it; or,
-    when the subject did not come up, (link, None, the failure record)."""
+    when the subject did not come up, (link, None, the failure record). `opened`: a subject
+    already running on buffers large enough (run_then_time's), used instead of a new one."""
     device, case = spec["device"], Case.from_dict(spec["case"])
-    buffers = allocate(device, case.numel)
+    if opened is None:
+        buffers = allocate(device, case.numel)
+        link, failed = start(spec, buffers, deadline)
+        if failed is not None:
+            link.close()
+            return link, None, dict(failed=failed, output=link.output())
+    else:
+        link, buffers = opened
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
     flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
-    link, failed = start(spec, buffers, deadline)
-    if failed is not None:
-        link.close()
-        return link, None, dict(failed=failed, output=link.output())
     return link, Call(link, q, k, v, o, flush, case.shape, device, deadline), None
 
 
@@ -566,12 +604,12 @@ def coarse_enough(times: list[float], coarse_ms: float | None) -> bool:
             and relative_standard_error(times) < config.TIMING_COARSE_RSE)
 
 
-def time_case(spec: dict) -> dict:
+def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = None) -> dict:
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
-    processes showed."""
+    processes showed; on `opened`'s subject (open_call) if given."""
     device, case = spec["device"], Case.from_dict(spec["case"])
     deadline = time.monotonic() + spec["deadline_s"]
-    link, call, failed = open_call(spec, deadline)
+    link, call, failed = open_call(spec, deadline, opened)
     if failed is not None:
         return failed
     pick = random.Random(_urandom(16))        # which calls are checked in full: decided here
@@ -780,13 +818,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spec", type=Path, required=True)
     a = p.parse_args(argv)
     spec = json.loads(a.spec.read_text())
-    modes = dict(run=run_cases, time=time_case, calibrate=calibrate)
-    result = modes[spec["mode"]](spec)
-    tmp = Path(spec["result"]).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, allow_nan=True))
-    tmp.replace(spec["result"])
+    if spec["mode"] == "run_then_time":
+        run_then_time(spec)
+    else:
+        modes = dict(run=run_cases, time=time_case, calibrate=calibrate)
+        write_result(spec["result"], modes[spec["mode"]](spec))
     sys.stdout.flush()
     os._exit(0)
+
+
+def write_result(path: str, result: dict) -> None:
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, allow_nan=True))
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import dataclasses
 import datetime
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,8 @@ from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
 from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, default_build_jobs,
-                    gpu_worker, run_limited, set_gpu_workers, split_cpus)
+                    gpu_worker, kill_group, run_limited, set_gpu_workers, spawn_capped,
+                    split_cpus)
 from .progress import Progress
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
@@ -107,20 +109,23 @@ def now() -> str:
 
 
 def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-                         work: Path, jit: Path | None = None) -> tuple[dict, str]:
+                         work: Path, jit: Path | None = None, timed: Case | None = None
+                         ) -> tuple[dict, str, "Stages | None"]:
     """run_cases, and the build stage's rule for a machine too busy to tell slow from hung
     (config.OVERLOADED_PER_CORE): a timeout on a machine that was overloaded before the cases
     started is run once more; a second one, the load again that high before it, is the machine's
     (environment_error: never scored). The load is read before each try, never during one: a
     hung submission's own threads cannot make its timeout the machine's."""
     load = machine_load()   # before: while the cases run, the submission adds to the load
-    runs, output = run_cases(sub, build, cases, ctx, work, jit)
+    runs, output, stages = run_cases(sub, build, cases, ctx, work, jit, timed)
     if not _timed_out(runs) or load < config.OVERLOADED_PER_CORE:
-        return runs, output
+        return runs, output, stages
+    if stages is not None:
+        stages.close()
     ctx.progress.note(f"{sub.id}: a case timed out while the machine was overloaded (load "
                       f"{load:.1f} per core); running the cases again")
     load = min(load, machine_load())
-    runs, output = run_cases(sub, build, cases, ctx, work, jit)
+    runs, output, stages = run_cases(sub, build, cases, ctx, work, jit, timed)
     if _timed_out(runs) and load >= config.OVERLOADED_PER_CORE:
         for r in runs.values():
             if r["status"] == Status.TIMEOUT.value:
@@ -128,7 +133,7 @@ def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case],
                 r["message"] += (f" (twice, both times while the grading machine was overloaded, "
                                  f"load {load:.1f} per core: the machine's fault, not your "
                                  f"submission's; it will be graded again)")
-    return runs, output
+    return runs, output, stages
 
 
 def _timed_out(runs: dict) -> bool:
@@ -165,11 +170,15 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
 
     # The solution is graded on every GPU of the run: each GPU's logs of it apart.
     log_id = f"{sub.id}.{ctx.gpu_tag}" if ctx.gpu_tag and sub.role is Role.BASELINE else sub.id
-    with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp:
+    timed = largest(list(ctx.cases)) if ctx.device.cuda else None
+    with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp, \
+            contextlib.ExitStack() as later:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
         clock.start("run")
-        runs, run_output = run_cases_under_load(sub, build, runnable, ctx, work, jit)
+        runs, run_output, stages = run_cases_under_load(sub, build, runnable, ctx, work, jit, timed)
+        if stages is not None:
+            later.callback(stages.close)
         _save_log(ctx, log_id, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
@@ -181,11 +190,24 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
                                   c.hidden, run_s=runs[c.id].get("elapsed_s"),
                                   launched=launched_of(runs[c.id])) for c in runnable]
         clock.stop()
+        return _judged(sub, build, ctx, source, jit, base=base, started=started, clock=clock,
+                       checked=checked, skipped=skipped, notes=notes, log_id=log_id,
+                       timed=timed, stages=stages)
+
+
+def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str, jit: Path | None,
+            *, base: dict, started: float, clock: "StageClock", checked: list[CaseResult],
+            skipped: list[CaseResult], notes: list[str], log_id: str, timed: Case | None,
+            stages: "Stages | None") -> SubmissionResult:
+    """_grade_built after the check: the verdict from the cases and the kernels they launched,
+    then the time stage (on the run's subject when `stages` holds it) when all passed."""
+    status = worst(c.status for c in checked)
+    if stages is not None and (status is not Status.PASS or timed is None):
+        stages.close()   # not timed: its subject goes before the GPU's health is checked
     if any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked):
         ensure_gpu_healthy(ctx)
 
     cases = _in_case_order(checked + skipped, ctx.cases)
-    status = worst(c.status for c in checked)
     if not ctx.sandbox.active:
         notes.append(ctx.sandbox.describe())
     flagged = launch_findings([(c.case, c.launched) for c in cases], source, ctx)
@@ -194,12 +216,11 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
     elif flagged:
         return _finish(base, Status.FLAGGED, flagged, cases=cases, notes=notes, started=started)
     timing, timed_case = None, None
-    if status is Status.PASS and ctx.device.cuda:
+    if status is Status.PASS and timed is not None:
         ctx.progress.stage(sub.id, "time")
         clock.start("time")
-        timed = largest(list(ctx.cases))
         timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
-                                log_name=log_id, jit=jit)
+                                log_name=log_id, jit=jit, stages=stages)
         clock.stop()
         if isinstance(timed_run, tuple):
             status, message = timed_run
@@ -426,13 +447,15 @@ def _target(sub: Submission, build: BuildResult | None) -> dict:
 # ---------------------------------------------------------------- stages in child processes
 
 
-def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folder: list[Path],
-                deadline_s: float, jit: Path | None = None, **fields) -> tuple[dict | None, str]:
-    """Run grader/harness.py (trusted: it never imports the submission) in `mode`; it starts the
-    subject in the sandbox, read-only on `folder` and writable on its JIT cache `jit`. Returns the
-    harness's record (None if the harness itself failed) and the text for the log."""
+HARNESS = [sys.executable, "-m", "grader.harness", "--spec"]
+
+
+def harness_spec(mode: str, target: dict, ctx: GradeContext, work: Path, *, folder: list[Path],
+                 deadline_s: float, jit: Path | None = None, **fields) -> tuple[dict, Path]:
+    """What grader/harness.py (trusted: it never imports the submission) is to do in `mode`, and
+    the file it is read from; the subject runs in the sandbox, read-only on `folder` and writable
+    on its JIT cache `jit`."""
     cwd = folder[0] if folder else SUBJECT.parent
-    result_path = work / f"{mode}.json"
     spec = dict(mode=mode, device=ctx.device_name, target=target,
                 subject_cmd=ctx.sandbox.wrap([sys.executable, str(SUBJECT)], readonly=folder,
                                              writable=[jit] if jit else []),
@@ -440,31 +463,121 @@ def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folde
                 cwd=str(cwd), head_bytes=ctx.limits.output_head_bytes,
                 tail_bytes=ctx.limits.output_tail_bytes,
                 file_bytes=int(ctx.limits.file_gb * (1 << 30)), deadline_s=deadline_s,
-                out_dir=str(work), result=str(result_path), **fields)
-    spec_path = work / f"{mode}_spec.json"
+                out_dir=str(work), result=str(work / f"{mode}.json"), **fields)
+    return spec, work / f"{mode}_spec.json"
+
+
+def harness_record(result: Path, harness_output: str) -> tuple[dict | None, str]:
+    """The harness's record (None if the harness itself failed) and the text for the log."""
+    if not result.exists():
+        return None, harness_output
+    record = json.loads(result.read_text())
+    return record, record.get("output", "") + (f"\n[grader harness]\n{harness_output}"
+                                               if harness_output.strip() else "")
+
+
+def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folder: list[Path],
+                deadline_s: float, jit: Path | None = None, **fields) -> tuple[dict | None, str]:
+    """Run grader/harness.py in `mode` (harness_spec) to its end: its record and log text."""
+    spec, spec_path = harness_spec(mode, target, ctx, work, folder=folder, deadline_s=deadline_s,
+                                   jit=jit, **fields)
     spec_path.write_text(json.dumps(spec))
-    proc = run_limited([sys.executable, "-m", "grader.harness", "--spec", str(spec_path)],
-                       timeout_s=deadline_s + 300, env=ctx.env, cwd=config.REPO_ROOT,
-                       cpus=ctx.cpus.gpu)
-    if not result_path.exists():
-        return None, proc.output
-    record = json.loads(result_path.read_text())
-    return record, record.get("output", "") + (f"\n[grader harness]\n{proc.output}" if proc.output.strip() else "")
+    proc = run_limited([*HARNESS, str(spec_path)], timeout_s=deadline_s + 300, env=ctx.env,
+                       cwd=config.REPO_ROOT, cpus=ctx.cpus.gpu)
+    return harness_record(Path(spec["result"]), proc.output)
+
+
+class Stages:
+    """One harness process, and so one subject, for a submission's run and time stages
+    (harness.run_then_time; issue 13: the time stage starts no second harness or subject and
+    imports and compiles nothing again). The run stage starts it; after the check the pipeline
+    either times the largest case on that subject (time) or lets it go (close). Always closed:
+    close() on every path, including after time()."""
+
+    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus):
+        ready_r, ready_w = os.pipe()
+        decide_r, self.decide_w = os.pipe()
+        spec = dict(spec, control=[ready_w, decide_r])
+        spec_path.write_text(json.dumps(spec))
+        self.results = Path(spec["result"]), Path(spec["time"]["result"])
+        self.time_s = spec["time"]["deadline_s"] + 300
+        try:
+            self.proc, self.reader = spawn_capped([*HARNESS, str(spec_path)], env=env,
+                                                  cwd=config.REPO_ROOT, pass_fds=(ready_w, decide_r),
+                                                  cpus=cpus)
+        except BaseException:
+            for fd in (ready_r, self.decide_w):
+                os.close(fd)
+            raise
+        finally:
+            os.close(ready_w)
+            os.close(decide_r)
+        self.ready_r = ready_r
+        self.closed = False
+
+    def ran(self, timeout_s: float) -> tuple[dict | None, str]:
+        """The run stage's record and log text, once the harness says it has them (or has died,
+        or timeout_s passed: then it is killed)."""
+        ready, _, _ = select.select([self.ready_r], [], [], timeout_s)
+        said = os.read(self.ready_r, 16) if ready else b""
+        if not said.startswith(b"ran"):
+            self.close()
+        return harness_record(self.results[0], "" if said else self.reader.text())
+
+    def time(self) -> tuple[dict | None, str]:
+        """The time stage on the run's subject, to its end: its record and log text."""
+        self._say(b"time\n")
+        try:
+            self.proc.wait(timeout=self.time_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.close()
+        return harness_record(self.results[1], self.reader.text())
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._say(b"stop\n")
+        try:
+            self.proc.wait(timeout=30)   # the harness ends its subject (Link.close) and exits
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(self.proc)
+        self.reader.join(timeout=10)
+        for fd in (self.ready_r, self.decide_w):
+            os.close(fd)
+
+    def _say(self, word: bytes) -> None:
+        try:
+            os.write(self.decide_w, word)
+        except OSError:   # the harness is gone: what it left says why
+            pass
 
 
 def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-              work: Path, jit: Path | None = None) -> tuple[dict[str, dict], str]:
+              work: Path, jit: Path | None = None, timed: Case | None = None
+              ) -> tuple[dict[str, dict], str, Stages | None]:
     """Each case once, driven by the harness; one record per case:
-    {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', ...}."""
-    record, output = run_harness("run", _target(sub, build), ctx, work, folder=_folder(sub, build),
-                                 deadline_s=ctx.limits.run_s, jit=jit,
-                                 cases=[c.to_dict() for c in cases],
-                                 case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases}
-                                 if ctx.device.cuda else {})
+    {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', ...}.
+    With `timed` (one of `cases`), the harness stays with its subject for the time stage: the
+    Stages, to be timed or closed; otherwise None."""
+    fields = dict(cases=[c.to_dict() for c in cases],
+                  case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
+    stages = None
+    if timed is not None and timed in cases:
+        spec, spec_path = harness_spec("run_then_time", _target(sub, build), ctx, work,
+                                       folder=_folder(sub, build), deadline_s=ctx.limits.run_s,
+                                       jit=jit, time=_time_fields(timed, ctx, work), **fields)
+        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
+        record, output = stages.ran(ctx.limits.run_s + 300)
+    else:
+        record, output = run_harness("run", _target(sub, build), ctx, work, folder=_folder(sub, build),
+                                     deadline_s=ctx.limits.run_s, jit=jit, **fields)
     if record is None:
         message = f"grader error: the harness failed; tell the instructor\n{output[-3000:]}"
-        return {c.id: dict(status="runtime_error", message=message) for c in cases}, output
-    return record["cases"], output
+        return {c.id: dict(status="runtime_error", message=message) for c in cases}, output, stages
+    return record["cases"], output, stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,16 +586,28 @@ class TimedRun:
     record: dict      # what the harness saw: verification, spot checks, GPU processes
 
 
+def _time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
+    """What the harness's time stage needs beyond the spec's common fields."""
+    return dict(case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
+                coarse_ms=coarse_ms(case, ctx.device), protocol=ctx.protocol.to_dict(),
+                precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]),
+                deadline_s=ctx.limits.time_s, result=str(work / "time.json"))
+
+
 def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Path],
-                log_name: str | None = None, jit: Path | None = None) -> TimedRun | tuple[Status, str]:
-    """Timing statistics of one case, measured by the harness; or (status, message) if the
-    subject failed while being timed."""
-    with tempfile.TemporaryDirectory(prefix="time-", dir=_scratch()) as tmp:
-        record, output = run_harness(
-            "time", target, ctx, Path(tmp), folder=folder, deadline_s=ctx.limits.time_s, jit=jit,
-            case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
-            coarse_ms=coarse_ms(case, ctx.device),
-            protocol=ctx.protocol.to_dict(), precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]))
+                log_name: str | None = None, jit: Path | None = None,
+                stages: Stages | None = None) -> TimedRun | tuple[Status, str]:
+    """Timing statistics of one case, measured by the harness (on the run stage's subject when
+    `stages` are given, else on a new one); or (status, message) if the subject failed while
+    being timed."""
+    if stages is not None:
+        record, output = stages.time()
+    else:
+        with tempfile.TemporaryDirectory(prefix="time-", dir=_scratch()) as tmp:
+            fields = _time_fields(case, ctx, Path(tmp))
+            del fields["result"]
+            record, output = run_harness("time", target, ctx, Path(tmp), folder=folder, jit=jit,
+                                         **fields)
     if log_name:
         _save_log(ctx, log_name, "time", output)
     if record is None:

@@ -43,6 +43,8 @@ class TimingStats:
     pipe_ms: float = 0.0           # diagnostic only: "go" and the reply through the pipes (both
                                    # processes' host clocks); with the copy, fence - wall (the GPU
                                    # switching back to the harness) and the rest, the protocol's cost
+    median_low_ms: float = 0.0     # a distribution-free 95% confidence interval of the median
+    median_high_ms: float = 0.0    # (order statistics): how far two rows' medians may differ by chance
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -96,11 +98,23 @@ def relative_standard_error(times_ms: list[float]) -> float:
     return statistics.stdev(times_ms) / n ** 0.5 / mean if n > 1 and mean > 0 else float("inf")
 
 
+def median_interval(times_ms: list[float]) -> tuple[float, float]:
+    """95% confidence interval of the median from the sorted times (the normal approximation to
+    the binomial: ranks n/2 -+ 0.98 sqrt(n)); the whole range for fewer than 6 times."""
+    ordered, n = sorted(times_ms), len(times_ms)
+    half = 0.98 * n ** 0.5
+    low, high = int(n / 2 - half), int(n / 2 + half + 0.999)
+    if n < 6 or low < 0 or high >= n:
+        return ordered[0], ordered[-1]
+    return ordered[low], ordered[high]
+
+
 def summarize(times_ms: list[float], *, flops: int, **extra) -> TimingStats:
     n = len(times_ms)
     mean = statistics.fmean(times_ms)
     std = statistics.stdev(times_ms) if n > 1 else 0.0
     median = statistics.median(times_ms)
+    low, high = median_interval(times_ms)
     return TimingStats(n=n, median_ms=median, mean_ms=mean, min_ms=min(times_ms), std_ms=std,
-                       rse=relative_standard_error(times_ms),
+                       rse=relative_standard_error(times_ms), median_low_ms=low, median_high_ms=high,
                        tflops=flops / (median * 1e-3) / 1e12 if median > 0 else 0.0, **extra)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
@@ -82,7 +83,7 @@ def test_a_hang_ends_at_its_case_s_own_limit_long_before_the_run_s(tmp_path):
             return data[2].clone()
     """, deadline_s=300, case_limits={c.id: 15.0 for c in CASES})
     assert statuses(result) == ["pass", "timeout", "runtime_error"]
-    assert "still running after 15 s, the limit for a case of this size (this case)" in \
+    assert "still running after 15 s, the limit for a case of this size; killed while running this case" in \
         result["cases"][CASES[1].id]["message"]
 
 
@@ -277,3 +278,59 @@ def test_the_calibration_does_what_the_timed_loop_does_between_calls(tmp_path):
     assert len(record["raw"]) == 5 and all(t > 0 for t in record["raw"])
     assert record["verify"]["checked"] == 5   # null returns Q: each output read, checked, wrong
     assert record["verify"]["wrong"] == 5
+
+
+def stages_spec(tmp_path, source: str) -> tuple[dict, Path]:
+    """A run_then_time spec on the CPU: the three CASES and the timed case, run; then timed."""
+    timed = Case(1, 2, 16, 64, seed=3)
+    tmp_path.mkdir(exist_ok=True)
+    spec = time_spec(tmp_path, source, max_calls=5)
+    time_fields = {k: spec.pop(k) for k in ("case", "budget_s", "l2_bytes", "max_calls", "precision")}
+    spec.update(mode="run_then_time", out_dir=str(tmp_path), result=str(tmp_path / "run.json"),
+                cases=[c.to_dict() for c in (*CASES, timed)],
+                time=dict(time_fields, deadline_s=120, result=str(tmp_path / "time.json")))
+    return spec, tmp_path / "spec.json"
+
+
+PID_PRINTER = """
+    import os, torch
+    def custom_kernel(data):
+        print("subject pid", os.getpid(), flush=True)
+        q, k, v = data
+        return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+"""
+
+
+def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):
+    """Issue 13: one harness and one subject process for a submission's run and time stages; the
+    pipeline decides between them (after the check) whether the time stage happens."""
+    from grader.pipeline import Stages
+    spec, spec_path = stages_spec(tmp_path, PID_PRINTER)
+    stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
+    try:
+        ran, run_log = stages.ran(120)
+        assert ran is not None and [r["status"] for r in ran["cases"].values()] == ["pass"] * 4
+        timed, time_log = stages.time()
+    finally:
+        stages.close()
+    assert timed is not None and "failed" not in timed, time_log
+    assert timed["stats"]["n"] == 5 and timed["verify"] == dict(timed["verify"], checked=5, wrong=0)
+    pids = {line.split()[-1] for line in time_log.splitlines() if line.startswith("subject pid")}
+    run_pids = {line.split()[-1] for line in run_log.splitlines() if line.startswith("subject pid")}
+    assert len(pids) == 1 and pids == run_pids, (run_pids, pids)
+    assert stages.proc.returncode == 0
+
+
+def test_a_run_that_is_not_timed_lets_its_subject_go(tmp_path):
+    from grader.pipeline import Stages
+    spec, spec_path = stages_spec(tmp_path, PID_PRINTER)
+    stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
+    ran, _ = stages.ran(120)
+    assert ran is not None
+    stages.close()
+    assert stages.proc.returncode == 0 and not (tmp_path / "time.json").exists()
+    # a harness that never says "ran" in time is killed, and the run is the harness's failure
+    spec, spec_path = stages_spec(tmp_path / "slow", "import time\ntime.sleep(600)\n")
+    stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
+    ran, log = stages.ran(5)
+    assert ran is None and stages.closed and stages.proc.returncode is not None

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import statistics
 
 import pytest
 
@@ -9,7 +10,7 @@ from grader.correctness import CaseResult
 from grader.results import (NO_RESULT_STATUS, ResultUnreadable, RunFileError, SubmissionResult,
                             key_digest, load_result, read_results, write_result)
 from grader.status import Status, worst
-from grader.timing import TimingStats, summarize
+from grader.timing import TimingStats, median_interval, summarize
 
 
 def sample(id="alice", status=Status.MISMATCH, role="student", timing=None):
@@ -51,6 +52,20 @@ def test_timing_summary():
     assert abs(t.tflops - 2000.0) < 1e-9      # 4e12 FLOP in 2 ms
     assert abs(t.rse - (t.std_ms / 2 / 2.0)) < 1e-12
     assert TimingStats.from_dict(t.to_dict()) == t
+
+
+def test_the_median_s_interval_holds_the_median_and_narrows_with_more_calls():
+    import random
+    rng = random.Random(7)
+    few = [rng.gauss(13.0, 0.2) for _ in range(30)]
+    many = few + [rng.gauss(13.0, 0.2) for _ in range(270)]
+    for times in (few, many):
+        low, high = median_interval(times)
+        assert low <= statistics.median(times) <= high
+    assert median_interval(many)[1] - median_interval(many)[0] < median_interval(few)[1] - median_interval(few)[0]
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)    # too few times: the whole range
+    # 100 calls: ranks 40 and 60 of the sorted times (about 95% coverage)
+    assert median_interval([float(i) for i in range(100)]) == (40.0, 60.0)
 
 
 def test_worst_status_orders_by_severity():
