@@ -19,7 +19,7 @@ from grader import config
 from grader.sandbox import Sandbox, default_layout
 
 from .adversarial.assemble import EXPECTED, INCLUDE, assemble, names
-from .adversarial.verdicts import gpu_finding
+from .adversarial.verdicts import TWIN_RULES, gpu_finding, median
 from .conftest import EXAMPLES, cuda_available, has_nvcc
 
 # Short limits: the hanging and sleeping submissions cost their limit each. Builds get 240 s: a
@@ -41,10 +41,11 @@ def test_every_threat_has_a_python_and_a_cuda_submission():
 def test_every_trust_boundary_class_has_an_attack_and_the_twins_exist():
     classes = {EXPECTED[n]["trust"] for n in names() if "trust" in EXPECTED[n]}
     assert classes >= {"profiler", "lazy output", "grader state", "helper process", "compiler",
-                       "side stream", "precision", "honest twin"}
+                       "side stream", "precision", "honest twin", "time between calls"}
     for name in names():
-        twin = EXPECTED[name].get("same_time_as")
-        assert twin is None or twin in EXPECTED
+        for key in TWIN_RULES:
+            twin = EXPECTED[name].get(key)
+            assert twin is None or twin in EXPECTED, (name, key, twin)
 
 
 def test_assembled_submissions_are_standalone(tmp_path):
@@ -118,6 +119,24 @@ def test_a_gpu_finding_names_a_wrong_verdict_and_a_log_without_its_text(tmp_path
     assert "build log" in gpu_finding(result, want, tmp_path)   # the import check had the GPUs
 
 
+def test_a_gpu_finding_names_a_row_faster_than_its_twin_or_not_timed_as_it(tmp_path):
+    want, medians = EXPECTED["rest_gpu_py"], dict(honest_py=20.0)
+    assert want["not_faster_than"] == "honest_py"
+
+    def row(ms):
+        return dict(id="rest_gpu_py", status=want["gpu"][0], timing=dict(median_ms=ms))
+    for ms in (19.61, 20.0, 40.0):   # under 2% faster, as fast, slower: its trick bought nothing
+        assert gpu_finding(row(ms), want, tmp_path, medians) is None
+    assert gpu_finding(row(19.5), want, tmp_path, medians) == (
+        "not_faster_than honest_py: rest_gpu_py 19.500 ms is 0.975 x honest_py's 20.000 ms, "
+        "not at least 0.98 x it: more than 2% faster")
+    assert "no median" in gpu_finding(row(20.0), want, tmp_path, {})   # no twin graded
+    assert "no median" in gpu_finding(dict(row(None), timing=None), want, tmp_path, medians)
+    same = dict(gpu=["pass"], same_time_as="honest_py")   # within 5%, either way
+    assert gpu_finding(row(19.1), same, tmp_path, medians) is None
+    assert "not within 5% of it" in gpu_finding(row(21.1), same, tmp_path, medians)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
 def test_adversarial_on_the_gpu(tmp_path):
@@ -128,22 +147,16 @@ def test_adversarial_on_the_gpu(tmp_path):
     proc, results = grade(folder, tmp_path, "--no-baselines")
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_verdicts(results, {n: EXPECTED[n]["gpu"] for n in names()} | {"honest_triton": ["pass"]})
-    findings = {n: gpu_finding(results[n], EXPECTED[n], tmp_path / "results" / "logs") for n in names()}
+    # the verdicts, the logs and the medians against the honest twins (same_time_as,
+    # not_faster_than), as tests/adversarial/verdicts.py checks make adversarial's
+    medians = {n: median(r) for n, r in results.items()}
+    findings = {n: gpu_finding(results[n], EXPECTED[n], tmp_path / "results" / "logs", medians)
+                for n in names()}
     assert not {n: f for n, f in findings.items() if f}, findings
     check_common(results, tmp_path / "results")
-    check_same_times(results)
     assert "returned a wrong output" in results["cache_by_ptr_py"]["message"]
     assert "flash" in results["lib_timed_only_py"]["message"].lower()
     assert "unaccounted for" in results["lib_timed_only_py"]["message"]
     assert "reaches past its kernel" in results["forge_kernels_py"]["message"]
     assert "PyImport_AddModule" in results["forge_kernels_cu"]["message"]
     assert any("precision budget" in (c.get("message") or "") for c in results["lowprec_py"]["cases"])
-
-
-def check_same_times(results: dict) -> None:
-    """A cheat whose trick the design makes useless is timed as its honest twin (within 5%)."""
-    for name in names():
-        twin = EXPECTED[name].get("same_time_as")
-        if twin:
-            mine, theirs = (results[n]["timing"]["median_ms"] for n in (name, twin))
-            assert abs(mine / theirs - 1) < 0.05, (name, mine, twin, theirs)
