@@ -15,8 +15,9 @@ previous bench run is kept, and the results say how many builds were reused).
 From the result files (never the console) it reports: submissions per minute; the per-submission
 overhead, the GPU-serial wall time of a submission (its wall time less its build, timing loop
 included) less the time its own calls took (each case's first call, and the timed and warm-up
-calls); the time spent in each stage (build, run, check, time); and, with several --gpus sets,
-the throughput of each against the first. It writes bench/grader_bench.json (--out), with the
+calls); the time spent in each stage (build, run, check, time) and in each part of the run
+stage (its harness's start, CUDA and buffers, the subject's start and load, the cases); and,
+with several --gpus sets, the throughput of each against the first. It writes bench/grader_bench.json (--out), with the
 device, the date and every figure. --stop-after stops the grader as Ctrl-C does after that many
 seconds, and the figures cover what it finished.
 """
@@ -42,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from grader import config  # noqa: E402
 from grader.procs import default_build_jobs, split_cpus  # noqa: E402
-from grader.results import RunFileError, SubmissionResult, read_results, read_run  # noqa: E402
+from grader.results import (RUN_PHASES, RunFileError, SubmissionResult, read_results,  # noqa: E402
+                            read_run)
 from grader.submission import CUDA_FILE, PYTHON_FILE  # noqa: E402
 
 WORK = ROOT / "build" / "bench-grader"
@@ -58,6 +60,7 @@ FAILING_PY = {
                  "runtime_error"),
 }
 STAGES = ("build", "run", "check", "time")
+RUN_PARTS = tuple(f"run.{p}" for p in RUN_PHASES)   # where the run stage's time goes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,7 +252,7 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
                        message=r.message.splitlines()[0] if r.message else "")
                   for r in students if plan[r.id].expected not in (None, r.status.value)]
     stages = {}
-    for stage in STAGES:
+    for stage in STAGES + RUN_PARTS:
         values = [f.stages[stage] for f in figures.values() if stage in f.stages]
         stages[stage] = spread(values)
     # every row's GPU-serial time, baselines and the solution row included
@@ -312,6 +315,11 @@ def format_report(report: dict) -> str:
                      f"honest overhead median {honest.get('median', float('nan')):.2f} s; "
                      f"GPU stages busy {100 * (r['gpu_serial_share'] or 0):.0f}% of the wall time"
                      + ("; STOPPED by --stop-after" if r["stopped"] else ""))
+        parts = [(p.split(".")[1], r["stages_s"].get(p, {})) for p in RUN_PARTS]
+        if any(s.get("n") for _, s in parts):
+            lines.append("  run stage, median s: " + ", ".join(
+                f"{name} {s['median']:.2f}" for name, s in parts if s.get("n"))
+                + f" (of {r['stages_s']['run'].get('median', float('nan')):.2f})")
         for u in r["unexpected"]:
             lines.append(f"  UNEXPECTED {u['id']}: {u['got']} (expected {u['expected']}): {u['message']}")
     for s in report["scaling"]:

@@ -1,6 +1,7 @@
 """The trusted side of running and timing a submission. It never imports submission code.
 
     python -m grader.harness --spec SPEC.json      (started by grader/pipeline.py)
+    python -m grader.harness --wait READY DECIDE   (a warm harness: pipeline.WarmHarness)
 
 It starts the subject (grader/subject/loop.py, in the sandbox, as an unprivileged user) and drives
 it call by call over a pipe. It owns everything a call touches and everything that is measured:
@@ -48,6 +49,7 @@ from .compare import compare_outputs
 from .inputs import make_inputs, make_random_inputs
 from .procs import kill_group, spawn_capped
 from .reference import attention_plain_fp16, attention_reference
+from .results import RUN_PHASES
 from .shared_memory import SharedBuffer, create_buffer
 from .text import clean
 from .timing import ProtocolCost, relative_standard_error, summarize
@@ -285,9 +287,9 @@ def _run_limit(spec: dict) -> str:
 
 def run_cases(spec: dict) -> dict:
     """Each case once, profiled; O saved to <out_dir>/<case>.pt for the checker."""
-    link, buffers, records = _run_all(spec)
+    link, buffers, records, phases = _run_all(spec)
     link.close()
-    return dict(cases=records, output=link.output())
+    return dict(cases=records, output=link.output(), phases_s=phases)
 
 
 def run_then_time(spec: dict) -> None:
@@ -298,8 +300,8 @@ def run_then_time(spec: dict) -> None:
     subject waits for its next request meanwhile, as between any two calls; the timed loop
     (time_case) is the one a fresh subject gets, warm-up included."""
     ready_fd, decide_fd = spec["control"]
-    link, buffers, records = _run_all(spec)
-    write_result(spec["result"], dict(cases=records, output=link.reader.text()))
+    link, buffers, records, phases = _run_all(spec)
+    write_result(spec["result"], dict(cases=records, output=link.reader.text(), phases_s=phases))
     timing = dict(spec, **spec["time"])
     try:
         os.write(ready_fd, b"ran\n")
@@ -313,14 +315,18 @@ def run_then_time(spec: dict) -> None:
         link.close()
 
 
-def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]]:
+def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict], dict]:
     """The subject started on buffers for the largest case and every case run once: its link
-    (still open), the buffers and a record per case."""
+    (still open), the buffers, a record per case and where the time went (RUN_PHASES)."""
     device, out_dir = spec["device"], Path(spec["out_dir"])
     cases = [Case.from_dict(c) for c in spec["cases"]]
+    marks = [spec.get("spawned"), time.monotonic()]
     deadline = time.monotonic() + spec["deadline_s"]
     buffers = allocate(device, max(c.numel for c in cases))
+    synchronize(device)
+    marks.append(time.monotonic())
     link, failed = start(spec, buffers, deadline)
+    marks.append(time.monotonic())
     records: dict[str, dict] = {}
     rest = None   # the record of every case after one that ended the process
     try:
@@ -335,7 +341,16 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
     except BaseException:
         link.close()
         raise
-    return link, buffers, records
+    marks.append(time.monotonic())
+    return link, buffers, records, phases(marks)
+
+
+def phases(marks: list) -> dict[str, float]:
+    """Seconds per RUN_PHASES between successive monotonic `marks` (one more mark than phases;
+    a phase whose start is unknown, None, is left out). The first mark is the spec's "spawned",
+    the pipeline's CLOCK_MONOTONIC time on handing this process its spec: one clock machine-wide."""
+    return {name: round(end - begin, 3) for name, begin, end in zip(RUN_PHASES, marks, marks[1:])
+            if begin is not None}
 
 
 def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadline: float,
@@ -815,9 +830,19 @@ def gpu_helpers(link: Link) -> dict | None:
 def main(argv: list[str] | None = None) -> None:
     make_non_dumpable()
     p = argparse.ArgumentParser(prog="python -m grader.harness")
-    p.add_argument("--spec", type=Path, required=True)
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--spec", type=Path)
+    how.add_argument("--wait", type=int, nargs=2, metavar=("READY_FD", "DECIDE_FD"),
+                     help="started before its work is known (a warm harness): with its imports "
+                          "done and no GPU touched, wait for 'spec PATH' on DECIDE_FD")
     a = p.parse_args(argv)
-    spec = json.loads(a.spec.read_text())
+    if a.wait:
+        line = read_line(a.wait[1])
+        if not line.startswith("spec "):   # let go before any work (or the grader is gone)
+            os._exit(0)
+        spec = dict(json.loads(Path(line[len("spec "):]).read_text()), control=a.wait)
+    else:
+        spec = json.loads(a.spec.read_text())
     if spec["mode"] == "run_then_time":
         run_then_time(spec)
     else:
@@ -825,6 +850,17 @@ def main(argv: list[str] | None = None) -> None:
         write_result(spec["result"], modes[spec["mode"]](spec))
     sys.stdout.flush()
     os._exit(0)
+
+
+def read_line(fd: int, limit: int = 4096) -> str:
+    """One line from the pipeline's control pipe, byte by byte (nothing after it is taken)."""
+    got = b""
+    while len(got) < limit and not got.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        got += byte
+    return got.decode(errors="replace").strip()
 
 
 def write_result(path: str, result: dict) -> None:

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import NamedTuple
 
 from . import config, reach
 from .baselines import BASELINES
@@ -109,31 +110,30 @@ def now() -> str:
 
 
 def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-                         work: Path, jit: Path | None = None, timed: Case | None = None
-                         ) -> tuple[dict, str, "Stages | None"]:
+                         work: Path, jit: Path | None = None, timed: Case | None = None) -> Ran:
     """run_cases, and the build stage's rule for a machine too busy to tell slow from hung
     (config.OVERLOADED_PER_CORE): a timeout on a machine that was overloaded before the cases
     started is run once more; a second one, the load again that high before it, is the machine's
     (environment_error: never scored). The load is read before each try, never during one: a
     hung submission's own threads cannot make its timeout the machine's."""
     load = machine_load()   # before: while the cases run, the submission adds to the load
-    runs, output, stages = run_cases(sub, build, cases, ctx, work, jit, timed)
-    if not _timed_out(runs) or load < config.OVERLOADED_PER_CORE:
-        return runs, output, stages
-    if stages is not None:
-        stages.close()
+    ran = run_cases(sub, build, cases, ctx, work, jit, timed)
+    if not _timed_out(ran.runs) or load < config.OVERLOADED_PER_CORE:
+        return ran
+    if ran.stages is not None:
+        ran.stages.close()
     ctx.progress.note(f"{sub.id}: a case timed out while the machine was overloaded (load "
                       f"{load:.1f} per core); running the cases again")
     load = min(load, machine_load())
-    runs, output, stages = run_cases(sub, build, cases, ctx, work, jit, timed)
-    if _timed_out(runs) and load >= config.OVERLOADED_PER_CORE:
-        for r in runs.values():
+    ran = run_cases(sub, build, cases, ctx, work, jit, timed)
+    if _timed_out(ran.runs) and load >= config.OVERLOADED_PER_CORE:
+        for r in ran.runs.values():
             if r["status"] == Status.TIMEOUT.value:
                 r["status"] = Status.ENVIRONMENT_ERROR.value
                 r["message"] += (f" (twice, both times while the grading machine was overloaded, "
                                  f"load {load:.1f} per core: the machine's fault, not your "
                                  f"submission's; it will be graded again)")
-    return runs, output, stages
+    return ran
 
 
 def _timed_out(runs: dict) -> bool:
@@ -176,9 +176,11 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
         clock.start("run")
-        runs, run_output, stages = run_cases_under_load(sub, build, runnable, ctx, work, jit, timed)
+        runs, run_output, stages, phases_s = run_cases_under_load(sub, build, runnable, ctx, work,
+                                                                  jit, timed)
         if stages is not None:
             later.callback(stages.close)
+        clock.parts("run", phases_s)
         _save_log(ctx, log_id, "run", run_output)
         if any(r["status"] == "pass" for r in runs.values()):
             ctx.progress.stage(sub.id, "check")
@@ -366,11 +368,16 @@ def _finish(base: dict, status: Status, message: str, *, cases, started: float,
 
 class StageClock:
     """The seconds one submission spent in each stage (the result's stage_s): the build's, then
-    each of run, check and time from its start to its stop."""
+    each of run, check and time from its start to its stop, then the parts of a stage that its
+    process measured ("run.subject": results.RUN_PHASES), which the stage's own figure holds."""
 
     def __init__(self, build_s: float):
         self._seconds = {"build": build_s}
+        self._parts: dict[str, float] = {}
         self._stage, self._since = "", 0.0
+
+    def parts(self, stage: str, seconds: dict[str, float]) -> None:
+        self._parts.update({f"{stage}.{part}": s for part, s in seconds.items()})
 
     def start(self, stage: str) -> None:
         self.stop()
@@ -383,7 +390,7 @@ class StageClock:
 
     def seconds(self) -> tuple[tuple[str, float], ...]:
         self.stop()
-        return tuple((stage, round(s, 3)) for stage, s in self._seconds.items())
+        return tuple((stage, round(s, 3)) for stage, s in {**self._seconds, **self._parts}.items())
 
 
 def _verdict(status: Status, cases: list[CaseResult], timing: TimingStats | None) -> str:
@@ -487,81 +494,175 @@ def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folde
     return harness_record(Path(spec["result"]), proc.output)
 
 
-class Stages:
-    """One harness process, and so one subject, for a submission's run and time stages
-    (harness.run_then_time; issue 13: the time stage starts no second harness or subject and
-    imports and compiles nothing again). The run stage starts it; after the check the pipeline
-    either times the largest case on that subject (time) or lets it go (close). Always closed:
-    close() on every path, including after time()."""
+HARNESS_WAITING = [sys.executable, "-m", "grader.harness", "--wait"]
 
-    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus):
+
+class WarmHarness:
+    """A harness process started before its work is known (issue 13: its Python start and
+    imports leave the GPU's critical path). It imports torch and the grader, touches no GPU and
+    waits on its control pipe; begin() gives it a spec, and it does what a harness started with
+    --spec would. The same pipes then carry run_then_time's "ran", "time" and "stop". Always
+    closed: close() ends it (its subject with it) on every path."""
+
+    def __init__(self, env: dict | None, cpus):
         ready_r, ready_w = os.pipe()
-        decide_r, self.decide_w = os.pipe()
-        spec = dict(spec, control=[ready_w, decide_r])
-        spec_path.write_text(json.dumps(spec))
-        self.results = Path(spec["result"]), Path(spec["time"]["result"])
-        self.time_s = spec["time"]["deadline_s"] + 300
+        decide_r, decide_w = os.pipe()
         try:
-            self.proc, self.reader = spawn_capped([*HARNESS, str(spec_path)], env=env,
-                                                  cwd=config.REPO_ROOT, pass_fds=(ready_w, decide_r),
-                                                  cpus=cpus)
+            self.proc, self.reader = spawn_capped(
+                [*HARNESS_WAITING, str(ready_w), str(decide_r)], env=env, cwd=config.REPO_ROOT,
+                pass_fds=(ready_w, decide_r), cpus=cpus)
         except BaseException:
-            for fd in (ready_r, self.decide_w):
-                os.close(fd)
+            os.close(ready_r)
+            os.close(decide_w)
             raise
         finally:
             os.close(ready_w)
             os.close(decide_r)
-        self.ready_r = ready_r
+        self.ready_r, self.decide_w = ready_r, decide_w
+        self.key = _harness_key(env, cpus)
         self.closed = False
 
-    def ran(self, timeout_s: float) -> tuple[dict | None, str]:
-        """The run stage's record and log text, once the harness says it has them (or has died,
-        or timeout_s passed: then it is killed)."""
-        ready, _, _ = select.select([self.ready_r], [], [], timeout_s)
-        said = os.read(self.ready_r, 16) if ready else b""
-        if not said.startswith(b"ran"):
-            self.close()
-        return harness_record(self.results[0], "" if said else self.reader.text())
+    def begin(self, spec: dict, spec_path: Path) -> None:
+        """Its work: `spec` (harness_spec), written to `spec_path`. "spawned" is now: the run
+        stage's "harness" part is how long a warm harness took to take it up."""
+        spec_path.write_text(json.dumps(dict(spec, spawned=time.monotonic())))
+        self.say(f"spec {spec_path}\n".encode())
 
-    def time(self) -> tuple[dict | None, str]:
-        """The time stage on the run's subject, to its end: its record and log text."""
-        self._say(b"time\n")
+    def said(self, timeout_s: float) -> bytes:
+        """What it wrote on its ready pipe within timeout_s (b"" if nothing, or it died)."""
+        ready, _, _ = select.select([self.ready_r], [], [], timeout_s)
+        return os.read(self.ready_r, 16) if ready else b""
+
+    def wait(self, timeout_s: float) -> None:
         try:
-            self.proc.wait(timeout=self.time_s)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
-        self.close()
-        return harness_record(self.results[1], self.reader.text())
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self._say(b"stop\n")
-        try:
-            self.proc.wait(timeout=30)   # the harness ends its subject (Link.close) and exits
-        except subprocess.TimeoutExpired:
-            pass
+        self.say(b"stop\n")
+        self.wait(30)   # the harness ends its subject (Link.close) and exits
         kill_group(self.proc)
         self.reader.join(timeout=10)
         for fd in (self.ready_r, self.decide_w):
             os.close(fd)
 
-    def _say(self, word: bytes) -> None:
+    def say(self, word: bytes) -> None:
         try:
             os.write(self.decide_w, word)
         except OSError:   # the harness is gone: what it left says why
             pass
 
 
+def _harness_key(env: dict | None, cpus) -> tuple:
+    return (tuple(sorted(env.items())) if env else None, tuple(sorted(cpus)) if cpus else None)
+
+
+class _Spare(threading.local):
+    """A GPU worker's next harness, started when it took the last one (keep_warm)."""
+    keep = False
+    harness: WarmHarness | None = None
+
+
+_SPARE = _Spare()
+
+
+def take_harness(env: dict | None, cpus) -> WarmHarness:
+    """A harness for the calling thread's next run stage. In a GPU worker (keep_warm), the one
+    started when the worker took its last, its imports done while that one ran, if it has the
+    same environment and CPUs and is alive; and another is started now for the next. Elsewhere
+    (a single check, the tests) a new one, and none kept."""
+    got, _SPARE.harness = _SPARE.harness, None
+    if got is not None and (got.key != _harness_key(env, cpus) or got.proc.poll() is not None):
+        got.close()
+        got = None
+    if got is None:
+        got = WarmHarness(env, cpus)
+    if _SPARE.keep:
+        _SPARE.harness = WarmHarness(env, cpus)
+    return got
+
+
+@contextlib.contextmanager
+def keep_warm():
+    """Inside, the calling thread (a GPU worker) keeps a spare harness started (take_harness);
+    it is closed on the way out."""
+    _SPARE.keep = True
+    try:
+        yield
+    finally:
+        _SPARE.keep = False
+        spare, _SPARE.harness = _SPARE.harness, None
+        if spare is not None:
+            spare.close()
+
+
+class Stages:
+    """One harness process, and so one subject, for a submission's run and time stages
+    (harness.run_then_time; issue 13: the time stage starts no second harness or subject and
+    imports and compiles nothing again). The run stage begins it on a warm harness
+    (take_harness); after the check the pipeline either times the largest case on that subject
+    (time) or lets it go (close). Always closed: close() on every path, including after time()."""
+
+    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus):
+        self.results = Path(spec["result"]), Path(spec["time"]["result"])
+        self.time_s = spec["time"]["deadline_s"] + 300
+        self.harness = take_harness(env, cpus)
+        try:
+            self.harness.begin(spec, spec_path)
+        except BaseException:
+            self.harness.close()
+            raise
+
+    def ran(self, timeout_s: float) -> tuple[dict | None, str]:
+        """The run stage's record and log text, once the harness says it has them (or has died,
+        or timeout_s passed: then it is killed)."""
+        said = self.harness.said(timeout_s)
+        if not said.startswith(b"ran"):
+            self.close()
+        return harness_record(self.results[0], "" if said else self.harness.reader.text())
+
+    def time(self) -> tuple[dict | None, str]:
+        """The time stage on the run's subject, to its end: its record and log text."""
+        self.harness.say(b"time\n")
+        self.harness.wait(self.time_s)
+        self.close()
+        return harness_record(self.results[1], self.harness.reader.text())
+
+    def close(self) -> None:
+        self.harness.close()
+
+
+def run_once(spec: dict, spec_path: Path, *, env: dict, cpus) -> tuple[dict | None, str]:
+    """A harness's run of `spec` to its end, on a warm harness (take_harness): its record and
+    log text; killed at the spec's deadline plus 300 s."""
+    harness = take_harness(env, cpus)
+    try:
+        harness.begin(spec, spec_path)
+        harness.wait(spec["deadline_s"] + 300)
+    finally:
+        harness.close()
+    return harness_record(Path(spec["result"]), harness.reader.text())
+
+
+class Ran(NamedTuple):
+    """What a run stage gives: a record per case, {'status': 'pass' (ran; to be checked) |
+    'runtime_error' | 'timeout', 'message', ...}; the log text; the Stages when its subject stays
+    for the time stage (else None); and the seconds of each of results.RUN_PHASES that the
+    harness measured ({} when it failed)."""
+    runs: dict[str, dict]
+    output: str
+    stages: Stages | None
+    phases_s: dict[str, float]
+
+
 def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-              work: Path, jit: Path | None = None, timed: Case | None = None
-              ) -> tuple[dict[str, dict], str, Stages | None]:
-    """Each case once, driven by the harness; one record per case:
-    {'status': 'pass' (ran; to be checked) | 'runtime_error' | 'timeout', 'message', ...}.
-    With `timed` (one of `cases`), the harness stays with its subject for the time stage: the
-    Stages, to be timed or closed; otherwise None."""
+              work: Path, jit: Path | None = None, timed: Case | None = None) -> Ran:
+    """Each case once, driven by the harness. With `timed` (one of `cases`), the harness stays
+    with its subject for the time stage: Ran.stages, to be timed or closed."""
     fields = dict(cases=[c.to_dict() for c in cases],
                   case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
     stages = None
@@ -572,12 +673,15 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
         record, output = stages.ran(ctx.limits.run_s + 300)
     else:
-        record, output = run_harness("run", _target(sub, build), ctx, work, folder=_folder(sub, build),
-                                     deadline_s=ctx.limits.run_s, jit=jit, **fields)
+        spec, spec_path = harness_spec("run", _target(sub, build), ctx, work,
+                                       folder=_folder(sub, build), deadline_s=ctx.limits.run_s,
+                                       jit=jit, **fields)
+        record, output = run_once(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
     if record is None:
         message = f"grader error: the harness failed; tell the instructor\n{output[-3000:]}"
-        return {c.id: dict(status="runtime_error", message=message) for c in cases}, output, stages
-    return record["cases"], output, stages
+        return Ran({c.id: dict(status="runtime_error", message=message) for c in cases}, output,
+                   stages, {})
+    return Ran(record["cases"], output, stages, record.get("phases_s") or {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -871,7 +975,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             if journal is not None:
                 journal.record("skipped" if entry.action == "skip" else "kept")
     graded = [e for e in entries if e.action == "grade"]
-    to_build = list({id(e.sub): e.sub for e in graded if e.sub is not None}.values())
+    to_build = build_order(list({id(e.sub): e.sub for e in graded if e.sub is not None}.values()))
     # Each folder's sources, read before any of its code runs (own kernel names).
     sources = {id(s): read_sources(s.path) if s.kind is not Kind.INVALID else "" for s in to_build}
     jobs = _Jobs(len(workers))
@@ -900,7 +1004,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
     errors: list[BaseException] = []
 
     def work(slot: int, worker: GradeContext) -> None:
-        with gpu_worker(slot):
+        with gpu_worker(slot), keep_warm():
             try:
                 if graded:   # while the first builds compile
                     worker = dataclasses.replace(worker, protocol=calibrate_protocol(worker, reuse=reused))
@@ -968,6 +1072,21 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
         set_gpu_workers(1)
     pool.shutdown(wait=True)
     return results
+
+
+# How long a kind's build takes, in the order builds start: a folder that is neither kind is a
+# verdict at once; a Python one is an import check (seconds); a CUDA one compiles (30-120 s).
+BUILD_ORDER = (Kind.INVALID, Kind.PYTHON, Kind.CUDA)
+
+
+def build_order(subs: list[Submission]) -> list[Submission]:
+    """The order builds start in: the quick ones first (BUILD_ORDER), each kind in the order
+    given. The GPU stages take builds as they finish, so the GPU starts on the first Python
+    submission within seconds and grades the quick ones while the CUDA ones compile. In the
+    order given, a course whose CUDA ids sort first leaves the GPU idle until the first CUDA
+    build ends: session 11's cold 100-copy course (fail_* and solution_* before triton_flash_*,
+    13 builds at a time) gave the GPU nothing for its first 100 s or so."""
+    return sorted(subs, key=lambda s: BUILD_ORDER.index(s.kind))
 
 
 def _pin_baselines(entries, workers: list[GradeContext], slot_of: dict[str, int]) -> None:

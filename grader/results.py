@@ -53,6 +53,12 @@ class GpuRef:
                    uuid=str(d.get("uuid", "")))
 
 
+# Where a run stage's time goes, in order (grader/harness.py measures them): the harness's taking
+# up its spec (its process start and imports, unless it was started warm: pipeline.WarmHarness);
+# CUDA's start in it and the shared buffers; the subject's start in the
+# sandbox, its imports, CUDA's start there and the submission's import; every case's call.
+RUN_PHASES = ("harness", "buffers", "subject", "cases")
+
 @dataclasses.dataclass(frozen=True)
 class SubmissionResult:
     id: str
@@ -73,7 +79,8 @@ class SubmissionResult:
     # limits, sandbox), as (part, digest) pairs: a rerun with the same key skips it.
     key: tuple[tuple[str, str], ...] = ()
     no_result: str = ""          # a placeholder for a roster entry with no usable result: why
-    # Seconds in each stage it went through, in order: build, run, check, time (throughput).
+    # Seconds in each stage it went through, in order: build, run, check, time (throughput);
+    # then the run stage's parts as its harness measured them, "run.<part>" (RUN_PHASES).
     stage_s: tuple[tuple[str, float], ...] = ()
     # The GPU its run, check and timing ran on (a run on several GPUs: one worker each); None
     # without a GPU, and in results written before GPU workers.

@@ -14,7 +14,7 @@ import pytest
 from grader import config
 from grader.build import BuildResult
 from grader.correctness import CaseResult
-from grader.results import SubmissionResult
+from grader.results import RUN_PHASES, SubmissionResult
 from grader.status import Status
 from grader.timing import TimingStats
 
@@ -105,6 +105,9 @@ def test_a_cpu_run_reports_throughput_overhead_and_stages(tmp_path):
     # the figures are the result files' own
     result = json.loads((tmp_path / "work" / "results-cpu" / "numpy_kernel_000.json").read_text())
     stage_s = result["stage_s"]
-    assert set(stage_s) == {"build", "run", "check"}
+    parts = {f"run.{p}" for p in RUN_PHASES}
+    assert set(stage_s) == {"build", "run", "check"} | parts
+    assert sum(stage_s[p] for p in parts) <= stage_s["run"] + 0.05   # the run's parts, in it
+    assert stages["run.subject"]["n"] == 5 and "run stage, median s: harness" in proc.stdout
     assert stage_s["build"] == pytest.approx(result["build"]["elapsed_s"], abs=1e-3)
     assert stage_s["run"] + stage_s["check"] <= result["wall_s"] - stage_s["build"] + 0.05

@@ -159,16 +159,16 @@ def test_a_run_that_times_out_on_an_overloaded_machine_is_retried_then_the_machi
     calls, notes = [], []
     def timed_out(*a):
         calls.append(1)
-        return {"c1": dict(status="timeout", message="still running after 2 s"),
-                "c2": dict(status="pass", message="")}, "log", None
+        return pipeline.Ran({"c1": dict(status="timeout", message="still running after 2 s"),
+                             "c2": dict(status="pass", message="")}, "log", None, {})
     monkeypatch.setattr(pipeline, "run_cases", timed_out)
     ctx = types.SimpleNamespace(progress=types.SimpleNamespace(note=notes.append))
     sub = types.SimpleNamespace(id="alice")
     monkeypatch.setattr(pipeline, "machine_load", lambda: 0.5)      # idle: the student's timeout
-    runs, _, _ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    runs, *_ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
     assert runs["c1"]["status"] == "timeout" and len(calls) == 1 and not notes
     monkeypatch.setattr(pipeline, "machine_load", lambda: 9.0)      # overloaded: twice, the machine's
-    runs, _, _ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    runs, *_ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
     assert len(calls) == 3 and "overloaded" in notes[0]
     assert runs["c1"]["status"] == "environment_error" and "not your" in runs["c1"]["message"]
     assert runs["c2"]["status"] == "pass"
@@ -176,7 +176,7 @@ def test_a_run_that_times_out_on_an_overloaded_machine_is_retried_then_the_machi
     # load is high; read before it, low. Its timeout stays its own, with no second try.
     loads = iter([0.5, 9.0, 9.0])
     monkeypatch.setattr(pipeline, "machine_load", lambda: next(loads))
-    runs, _, _ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    runs, *_ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
     assert runs["c1"]["status"] == "timeout" and len(calls) == 4
 
 

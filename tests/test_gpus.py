@@ -325,6 +325,23 @@ def test_a_rerun_resumes_and_a_baseline_from_another_gpu_is_timed_again(course):
     assert {r.gpu.index for r in graded} == {1}
 
 
+def test_quick_builds_start_first_so_the_gpu_starts_at_once(course, monkeypatch, make_submission):
+    """A CUDA submission whose id sorts first is built after every Python one (pipeline.
+    build_order): the GPU's first job is an import check's seconds away, not a compile's minutes."""
+    cuda = inspect_folder(make_submission("a_cuda", "// compiles for minutes\n", "submission.cu"))
+    course.subs.insert(0, cuda)
+    started = []
+    monkeypatch.setattr(pipeline, "build_submission", lambda sub, **kw: started.append(sub.id)
+                        or BuildResult(Status.PASS, "import", 0.01))
+    course.grade([gpu(0)])
+    assert sorted(started) == sorted(s.id for s in course.subs)
+    assert started.index(cuda.id) >= len(started) - 2   # two builds at a time: last or nearly
+    kinds = [s.kind for s in pipeline.build_order(course.subs)]
+    assert kinds == sorted(kinds, key=pipeline.BUILD_ORDER.index) and kinds[-1].value == "cuda"
+    assert [s.id for s in pipeline.build_order(course.subs) if s.kind.value == "python"] == [
+        s.id for s in course.subs[1:]]   # each kind in the order given
+
+
 def test_one_gpu_runs_as_before(course):
     ctx, graded = course.grade([gpu(0)])
     assert {r["slot"] for r in course.recorder.runs} == {0}

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import torch
@@ -15,20 +16,25 @@ from grader import config, harness
 from grader.cases import Case
 from grader.pipeline import SUBJECT
 from grader.procs import child_env
+from grader.results import RUN_PHASES
 from grader.text import clean
 
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
 
 
-def run(tmp_path, source: str, deadline_s: float = 60, **fields) -> dict:
+def run_spec(tmp_path, source: str, deadline_s: float = 60, **fields) -> dict:
     folder = tmp_path / "sub"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "submission.py").write_text(textwrap.dedent(source))
-    spec = dict(mode="run", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
+    return dict(mode="run", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=deadline_s, out_dir=str(tmp_path),
-                env=child_env(cuda=False), cases=[c.to_dict() for c in CASES], **fields)
-    return harness.run_cases(spec)
+                result=str(tmp_path / "run.json"), env=child_env(cuda=False),
+                cases=[c.to_dict() for c in CASES], **fields)
+
+
+def run(tmp_path, source: str, deadline_s: float = 60, **fields) -> dict:
+    return harness.run_cases(run_spec(tmp_path, source, deadline_s, **fields))
 
 
 def statuses(result: dict) -> list[str]:
@@ -48,6 +54,24 @@ def test_outputs_are_read_by_the_harness_and_death_is_pinned_to_its_case(tmp_pat
     assert "exited with code 7" in result["cases"][CASES[2].id]["message"]
     saved = torch.load(tmp_path / f"{CASES[1].id}.pt")
     assert saved.shape == CASES[1].shape and saved.dtype == torch.float16
+
+
+def test_the_run_record_says_where_the_stage_s_time_went(tmp_path):
+    """results.RUN_PHASES, measured on the one machine-wide monotonic clock from the spawn the
+    pipeline stamped: the subject's load (here a 1.5 s import) lands in its own phase."""
+    spawned = time.monotonic()
+    result = run(tmp_path, """
+        import time
+        time.sleep(1.5)
+        def custom_kernel(data):
+            return data[2].clone()
+    """, spawned=spawned)
+    took = time.monotonic() - spawned
+    phases = result["phases_s"]
+    assert list(phases) == list(RUN_PHASES) and all(s >= 0 for s in phases.values())
+    assert 1.5 <= phases["subject"] < took and sum(phases.values()) <= took
+    assert phases["harness"] < 1   # started in this process: no start or import to wait for
+    assert harness.phases([None, 1.0, 3.5, 4.0]) == {"buffers": 2.5, "subject": 0.5}   # no spawn stamp
 
 
 def test_an_error_is_that_case_s_and_the_next_case_still_runs(tmp_path):
@@ -318,7 +342,7 @@ def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):
     pids = {line.split()[-1] for line in time_log.splitlines() if line.startswith("subject pid")}
     run_pids = {line.split()[-1] for line in run_log.splitlines() if line.startswith("subject pid")}
     assert len(pids) == 1 and pids == run_pids, (run_pids, pids)
-    assert stages.proc.returncode == 0
+    assert stages.harness.proc.returncode == 0
 
 
 def test_a_run_that_is_not_timed_lets_its_subject_go(tmp_path):
@@ -328,9 +352,43 @@ def test_a_run_that_is_not_timed_lets_its_subject_go(tmp_path):
     ran, _ = stages.ran(120)
     assert ran is not None
     stages.close()
-    assert stages.proc.returncode == 0 and not (tmp_path / "time.json").exists()
+    assert stages.harness.proc.returncode == 0 and not (tmp_path / "time.json").exists()
     # a harness that never says "ran" in time is killed, and the run is the harness's failure
     spec, spec_path = stages_spec(tmp_path / "slow", "import time\ntime.sleep(600)\n")
     stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
     ran, log = stages.ran(5)
-    assert ran is None and stages.closed and stages.proc.returncode is not None
+    assert ran is None and stages.harness.closed and stages.harness.proc.returncode is not None
+
+
+def test_a_gpu_worker_s_next_harness_is_started_while_the_last_one_works(tmp_path):
+    """pipeline.take_harness in a GPU worker (keep_warm): the harness a run stage gets was started
+    when the worker took the one before, so its start and imports are off the critical path
+    ("run.harness"); one of another environment is replaced; the spare goes with the worker."""
+    from grader import pipeline
+    env = child_env(cuda=False)
+    source = "def custom_kernel(data):\n    return data[2].clone()\n"
+
+    def stage(name: str) -> dict:
+        spec = run_spec(tmp_path / name, source)
+        record, log = pipeline.run_once(spec, tmp_path / name / "spec.json", env=env, cpus=None)
+        assert record is not None and statuses(record) == ["pass"] * 3, log
+        return record["phases_s"]
+
+    with pipeline.keep_warm():
+        cold = stage("first")          # nothing was waiting: started now
+        spare = pipeline._SPARE.harness
+        assert spare is not None and spare.proc.poll() is None
+        time.sleep(3)                  # the spare's imports, while a submission would be checked
+        warm = stage("second")
+        assert spare.closed and spare.proc.returncode == 0   # it did the second's work
+        assert warm["harness"] < 0.5 * cold["harness"], (warm, cold)
+        other = pipeline._SPARE.harness
+        got = pipeline.take_harness(dict(env, OTHER="1"), None)   # another environment
+        assert got is not other and other.closed
+        got.close()
+        last = pipeline._SPARE.harness
+    assert last.closed and last.proc.returncode == 0 and pipeline._SPARE.harness is None
+    # outside a GPU worker nothing is kept
+    pipeline.take_harness(env, None).close()
+    assert pipeline._SPARE.harness is None
+
