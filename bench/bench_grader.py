@@ -317,9 +317,10 @@ def format_report(report: dict) -> str:
                      + ("; STOPPED by --stop-after" if r["stopped"] else ""))
         parts = [(p.split(".")[1], r["stages_s"].get(p, {})) for p in RUN_PARTS]
         if any(s.get("n") for _, s in parts):
-            lines.append("  run stage, median s: " + ", ".join(
-                f"{name} {s['median']:.2f}" for name, s in parts if s.get("n"))
-                + f" (of {r['stages_s']['run'].get('median', float('nan')):.2f})")
+            lines.append("  run stage's parts, median s: " + ", ".join(
+                f"{name} {s['median']:.2f} (n={s['n']})" for name, s in parts if s.get("n"))
+                + f"; run stage {r['stages_s']['run'].get('median', float('nan')):.2f} (of a run "
+                "begun early, only load and cases are in it: pipeline.Lookahead)")
         for u in r["unexpected"]:
             lines.append(f"  UNEXPECTED {u['id']}: {u['got']} (expected {u['expected']}): {u['message']}")
     for s in report["scaling"]:

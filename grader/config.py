@@ -130,6 +130,12 @@ BUILD_PEAK_GB = 4.0
 # least this many: with fewer, the builds would be left one or two, and timing shares the machine.
 RESERVE_MIN_CPUS = 6
 
+# A GPU worker begins its next submission's run while one runs (pipeline.Lookahead): the harness
+# and the subject start, with CUDA and the profiler, loading no submission code (10-15 s on an
+# H100). A time stage waits at most this long for that to end; past it the early start is given
+# up and the submission runs the usual way.
+PREPARE_S = 120.0
+
 # Timing: stop when the relative standard error of the mean is under 0.5% ...
 TIMING_TARGET_RSE = 0.005
 TIMING_MIN_REPS = 100   # and at least this many (or the budget): medians of two runs agree to ~0.3%

@@ -88,7 +88,8 @@ class Link:
         req_r, self.req_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
         setup = dict(device=self.device, requests_fd=req_r, replies_fd=rep_w, target=spec["target"],
-                     buffers={name: [b.fd, b.nbytes] for name, b in buffers.items()})
+                     buffers={name: [b.fd, b.nbytes] for name, b in buffers.items()},
+                     prepare=bool(spec.get("prepare")))
         cmd = [*spec["subject_cmd"], "--setup", json.dumps(setup)]
         self.proc, self.reader = spawn_capped(
             cmd, env=spec.get("env") or None, cwd=spec["cwd"], head_bytes=spec["head_bytes"],
@@ -103,10 +104,12 @@ class Link:
         # time the subject takes outside a timed call's clock can hold up the next call.
         self.diagnostics: dict[int, dict] = {}
         self.awaiting: set[int] = set()
-        # On a GPU the reply is polled, not waited for: waking from a sleep costs a few hundred
-        # microseconds on a virtual machine, and every timed call would pay it.
-        self.spin = self.device == "cuda"
-        os.set_blocking(self.rep_r, not self.spin)
+        # On a GPU a timed call's reply is polled, not waited for: waking from a sleep costs a
+        # few hundred microseconds on a virtual machine, and every timed call would pay it.
+        # open_call turns it on; until then (loading, the run stage's cases) the harness sleeps
+        # and leaves its CPU to the subject's imports and JIT compiles.
+        self.spin = False
+        os.set_blocking(self.rep_r, self.device != "cuda")
 
     def send(self, request: dict) -> int:
         n, line = self.encode(request)
@@ -252,13 +255,48 @@ def allocate(device: str, numel: int) -> dict[str, SharedBuffer]:
 def start(spec: dict, buffers: dict[str, SharedBuffer], deadline: float) -> tuple[Link, dict | None]:
     """The subject, loaded; or (link, error record) when loading failed or timed out."""
     link = Link(spec, buffers)
+    return link, loaded(link, spec, deadline)
+
+
+def loaded(link: Link, spec: dict, deadline: float) -> dict | None:
+    """None once the subject says it has loaded the submission; else the error record."""
     try:
         reply = link.receive(deadline)
     except SubjectGone as gone:
-        return link, _gone_record(gone, link, spec, loading=True)
+        return _gone_record(gone, link, spec, loading=True)
     if reply.get("event") == "load_error":
-        return link, dict(status="runtime_error", message=_error_text(reply, "while loading"))
-    return link, None
+        return dict(status="runtime_error", message=_error_text(reply, "while loading"))
+    return None
+
+
+def start_prepared(spec: dict, buffers: dict[str, SharedBuffer], ends: list) -> tuple[Link, dict | None]:
+    """A run begun before its turn (spec "prepare"; pipeline.Lookahead): the subject started,
+    with CUDA and its profiler, but no submission code; "prepared" said on the control pipe; then,
+    on "run", the submission loaded. Only the grader's code and torch have run when "prepared" is
+    said, so that it may happen while another submission's run stage has the GPU. A subject that
+    does not get there, or a word other than "run": this process ends, its work undone, and the
+    pipeline runs the submission the usual way."""
+    ready_fd, decide_fd = spec["control"]
+    link = Link(spec, buffers)
+    try:
+        reply = link.receive(time.monotonic() + spec["deadline_s"])
+    except SubjectGone:
+        reply = {}
+    if reply.get("event") != "prepared":
+        link.close()
+        os._exit(0)
+    ends.append(("subject", time.monotonic()))
+    try:
+        os.write(ready_fd, b"prepared\n")
+        word = read_line(decide_fd)
+    except OSError:
+        word = ""
+    if word != "run":
+        link.close()
+        os._exit(0)
+    ends.append(("waiting", time.monotonic()))
+    link.write(b"load\n")
+    return link, loaded(link, spec, time.monotonic() + spec["deadline_s"])
 
 
 def _error_text(reply: dict, where: str = "") -> str:
@@ -320,13 +358,18 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
     (still open), the buffers, a record per case and where the time went (RUN_PHASES)."""
     device, out_dir = spec["device"], Path(spec["out_dir"])
     cases = [Case.from_dict(c) for c in spec["cases"]]
-    marks = [spec.get("spawned"), time.monotonic()]
+    ends = [("harness", time.monotonic())]
     deadline = time.monotonic() + spec["deadline_s"]
     buffers = allocate(device, max(c.numel for c in cases))
     synchronize(device)
-    marks.append(time.monotonic())
-    link, failed = start(spec, buffers, deadline)
-    marks.append(time.monotonic())
+    ends.append(("buffers", time.monotonic()))
+    if spec.get("prepare"):
+        link, failed = start_prepared(spec, buffers, ends)
+        deadline = time.monotonic() + spec["deadline_s"]   # from "run": loading and the cases
+        ends.append(("load", time.monotonic()))
+    else:
+        link, failed = start(spec, buffers, deadline)
+        ends.append(("subject", time.monotonic()))
     records: dict[str, dict] = {}
     rest = None   # the record of every case after one that ended the process
     try:
@@ -341,16 +384,22 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
     except BaseException:
         link.close()
         raise
-    marks.append(time.monotonic())
-    return link, buffers, records, phases(marks)
+    ends.append(("cases", time.monotonic()))
+    return link, buffers, records, phases(spec.get("spawned"), ends)
 
 
-def phases(marks: list) -> dict[str, float]:
-    """Seconds per RUN_PHASES between successive monotonic `marks` (one more mark than phases;
-    a phase whose start is unknown, None, is left out). The first mark is the spec's "spawned",
-    the pipeline's CLOCK_MONOTONIC time on handing this process its spec: one clock machine-wide."""
-    return {name: round(end - begin, 3) for name, begin, end in zip(RUN_PHASES, marks, marks[1:])
-            if begin is not None}
+def phases(start: float | None, ends: list[tuple[str, float]]) -> dict[str, float]:
+    """Seconds of each phase (results.RUN_PHASES), from (phase, monotonic time it ended) in
+    order, each beginning where the one before ended and the first at `start`: the spec's
+    "spawned", the pipeline's CLOCK_MONOTONIC time on handing this process its spec (one clock
+    machine-wide), or None when unknown, and then that phase is left out."""
+    out = {}
+    for name, end in ends:
+        assert name in RUN_PHASES, name
+        if start is not None:
+            out[name] = round(end - start, 3)
+        start = end
+    return out
 
 
 def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadline: float,
@@ -594,6 +643,7 @@ def open_call(spec: dict, deadline: float,
             return link, None, dict(failed=failed, output=link.output())
     else:
         link, buffers = opened
+    link.spin = device == "cuda"   # from here every reply is a timed or calibrated call's
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
     flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
     return link, Call(link, q, k, v, o, flush, case.shape, device, deadline), None

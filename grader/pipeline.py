@@ -110,14 +110,15 @@ def now() -> str:
 
 
 def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-                         work: Path, jit: Path | None = None, timed: Case | None = None) -> Ran:
+                         work: Path, jit: Path | None = None, timed: Case | None = None,
+                         prepared: "Prepared | None" = None) -> Ran:
     """run_cases, and the build stage's rule for a machine too busy to tell slow from hung
     (config.OVERLOADED_PER_CORE): a timeout on a machine that was overloaded before the cases
     started is run once more; a second one, the load again that high before it, is the machine's
     (environment_error: never scored). The load is read before each try, never during one: a
     hung submission's own threads cannot make its timeout the machine's."""
     load = machine_load()   # before: while the cases run, the submission adds to the load
-    ran = run_cases(sub, build, cases, ctx, work, jit, timed)
+    ran = run_cases(sub, build, cases, ctx, work, jit, timed, prepared)
     if not _timed_out(ran.runs) or load < config.OVERLOADED_PER_CORE:
         return ran
     if ran.stages is not None:
@@ -145,14 +146,20 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     """Everything after the build, for one submission; never raises for the submission's faults.
     `source`: its folder's sources, read before any of its code ran (own kernel names).
 
-    Its wall time is the build's plus its own stages', not the time it waited for the GPU."""
+    Its wall time is the build's plus its own stages', not the time it waited for the GPU.
+    In a GPU worker, its run may have begun during the submission before (Lookahead)."""
+    prepared = _AHEAD.claim(sub)
+    if prepared is not None:
+        with prepared.folders:
+            return _grade_built(sub, build, ctx, source, prepared.jit, prepared)
     with jit_cache(sub) as jit:
         return _grade_built(sub, build, ctx, source, jit)
 
 
 def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
-                 jit: Path | None) -> SubmissionResult:
-    """grade_submission, with the submission's JIT cache folder (jit_cache)."""
+                 jit: Path | None, prepared: "Prepared | None" = None) -> SubmissionResult:
+    """grade_submission, with the submission's JIT cache folder (jit_cache) and, when its run
+    was begun early, the Prepared (its work folder and Stages)."""
     started = time.monotonic() - build.elapsed_s
     clock = StageClock(build.elapsed_s)
     role = "calibration" if ctx.calibration and sub.role is Role.STUDENT else sub.role.value
@@ -171,13 +178,14 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
     # The solution is graded on every GPU of the run: each GPU's logs of it apart.
     log_id = f"{sub.id}.{ctx.gpu_tag}" if ctx.gpu_tag and sub.role is Role.BASELINE else sub.id
     timed = largest(list(ctx.cases)) if ctx.device.cuda else None
-    with tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()) as tmp, \
-            contextlib.ExitStack() as later:
+    folder = (contextlib.nullcontext(prepared.work) if prepared is not None else
+              tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()))
+    with folder as tmp, contextlib.ExitStack() as later:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
         clock.start("run")
         runs, run_output, stages, phases_s = run_cases_under_load(sub, build, runnable, ctx, work,
-                                                                  jit, timed)
+                                                                  jit, timed, prepared)
         if stages is not None:
             later.callback(stages.close)
         clock.parts("run", phases_s)
@@ -207,6 +215,7 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
     if stages is not None and (status is not Status.PASS or timed is None):
         stages.close()   # not timed: its subject goes before the GPU's health is checked
     if any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked):
+        _AHEAD.drop()   # begun beside a crash or a hung kernel: the next runs afresh
         ensure_gpu_healthy(ctx)
 
     cases = _in_case_order(checked + skipped, ctx.cases)
@@ -369,7 +378,9 @@ def _finish(base: dict, status: Status, message: str, *, cases, started: float,
 class StageClock:
     """The seconds one submission spent in each stage (the result's stage_s): the build's, then
     each of run, check and time from its start to its stop, then the parts of a stage that its
-    process measured ("run.subject": results.RUN_PHASES), which the stage's own figure holds."""
+    process measured ("run.subject": results.RUN_PHASES). The stage's own figure holds its parts,
+    except for a run begun early (Lookahead), whose parts before "waiting" ended overlapped the
+    submission before it."""
 
     def __init__(self, build_s: float):
         self._seconds = {"build": build_s}
@@ -570,18 +581,19 @@ class _Spare(threading.local):
 _SPARE = _Spare()
 
 
-def take_harness(env: dict | None, cpus) -> WarmHarness:
+def take_harness(env: dict | None, cpus, *, spare: bool = True) -> WarmHarness:
     """A harness for the calling thread's next run stage. In a GPU worker (keep_warm), the one
     started when the worker took its last, its imports done while that one ran, if it has the
-    same environment and CPUs and is alive; and another is started now for the next. Elsewhere
-    (a single check, the tests) a new one, and none kept."""
+    same environment and CPUs and is alive; and another is started now for the next, unless not
+    `spare` (a run begun early: the one after it is begun early too, Lookahead). Elsewhere (a
+    single check, the tests) a new one, and none kept."""
     got, _SPARE.harness = _SPARE.harness, None
     if got is not None and (got.key != _harness_key(env, cpus) or got.proc.poll() is not None):
         got.close()
         got = None
     if got is None:
         got = WarmHarness(env, cpus)
-    if _SPARE.keep:
+    if _SPARE.keep and spare:
         _SPARE.harness = WarmHarness(env, cpus)
     return got
 
@@ -595,6 +607,7 @@ def keep_warm():
         yield
     finally:
         _SPARE.keep = False
+        _AHEAD.drop()
         spare, _SPARE.harness = _SPARE.harness, None
         if spare is not None:
             spare.close()
@@ -607,15 +620,19 @@ class Stages:
     (take_harness); after the check the pipeline either times the largest case on that subject
     (time) or lets it go (close). Always closed: close() on every path, including after time()."""
 
-    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus):
+    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus, spare: bool = True):
         self.results = Path(spec["result"]), Path(spec["time"]["result"])
         self.time_s = spec["time"]["deadline_s"] + 300
-        self.harness = take_harness(env, cpus)
+        self.harness = take_harness(env, cpus, spare=spare)
         try:
             self.harness.begin(spec, spec_path)
         except BaseException:
             self.harness.close()
             raise
+
+    def go(self) -> None:
+        """A prepared run's turn (spec "prepare", Prepared.settle): load the submission, run."""
+        self.harness.say(b"run\n")
 
     def ran(self, timeout_s: float) -> tuple[dict | None, str]:
         """The run stage's record and log text, once the harness says it has them (or has died,
@@ -660,28 +677,147 @@ class Ran(NamedTuple):
 
 
 def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
-              work: Path, jit: Path | None = None, timed: Case | None = None) -> Ran:
+              work: Path, jit: Path | None = None, timed: Case | None = None,
+              prepared: "Prepared | None" = None) -> Ran:
     """Each case once, driven by the harness. With `timed` (one of `cases`), the harness stays
-    with its subject for the time stage: Ran.stages, to be timed or closed."""
-    fields = dict(cases=[c.to_dict() for c in cases],
-                  case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
+    with its subject for the time stage: Ran.stages, to be timed or closed; `prepared`: that
+    harness and subject, started before this submission's turn (Lookahead), told to go on now.
+    Meanwhile the worker's next submission is begun (Lookahead.begin)."""
     stages = None
-    if timed is not None and timed in cases:
-        spec, spec_path = harness_spec("run_then_time", _target(sub, build), ctx, work,
-                                       folder=_folder(sub, build), deadline_s=ctx.limits.run_s,
-                                       jit=jit, time=_time_fields(timed, ctx, work), **fields)
+    if prepared is not None:
+        stages = prepared.stages
+        stages.go()
+    elif timed is not None and timed in cases:
+        spec, spec_path = stages_spec(sub, build, cases, ctx, work, jit, timed)
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
+    if stages is not None:
+        _AHEAD.begin(ctx, timed)
         record, output = stages.ran(ctx.limits.run_s + 300)
     else:
         spec, spec_path = harness_spec("run", _target(sub, build), ctx, work,
                                        folder=_folder(sub, build), deadline_s=ctx.limits.run_s,
-                                       jit=jit, **fields)
+                                       jit=jit, **_run_fields(cases, ctx))
         record, output = run_once(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
     if record is None:
         message = f"grader error: the harness failed; tell the instructor\n{output[-3000:]}"
         return Ran({c.id: dict(status="runtime_error", message=message) for c in cases}, output,
                    stages, {})
     return Ran(record["cases"], output, stages, record.get("phases_s") or {})
+
+
+def _run_fields(cases: list[Case], ctx: GradeContext) -> dict:
+    """What the harness's run stage needs beyond the spec's common fields."""
+    return dict(cases=[c.to_dict() for c in cases],
+                case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
+
+
+def stages_spec(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
+                work: Path, jit: Path | None, timed: Case, **fields) -> tuple[dict, Path]:
+    """The spec of a run stage that stays for the time stage (harness.run_then_time)."""
+    return harness_spec("run_then_time", _target(sub, build), ctx, work, folder=_folder(sub, build),
+                        deadline_s=ctx.limits.run_s, jit=jit, time=_time_fields(timed, ctx, work),
+                        **_run_fields(cases, ctx), **fields)
+
+
+# ---------------------------------------------------------------- the next submission, begun early
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A submission's run stage begun before its turn: its work and JIT folders (`folders` owns
+    them), and Stages whose harness has its spec ("prepare"), its buffers and a subject that has
+    started CUDA and its profiler and waits to load the submission (harness.start_prepared)."""
+    sub: Submission
+    work: Path
+    jit: Path | None
+    stages: "Stages"
+    folders: contextlib.ExitStack
+    ready: bool | None = None   # None until settled: prepared, or not (then closed)
+
+    def settle(self, timeout_s: float = config.PREPARE_S) -> bool:
+        """Wait until its harness says "prepared" (or has died, or timeout_s passed: then it is
+        closed). Its GPU work (CUDA's start, the profiler's) is over once this returns."""
+        if self.ready is None:
+            self.ready = self.stages.harness.said(timeout_s).startswith(b"prepared")
+            if not self.ready:
+                self.stages.close()
+        return self.ready
+
+    def close(self) -> None:
+        self.stages.close()
+        self.folders.close()
+
+
+def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case) -> Prepared | None:
+    """`sub`'s run stage begun now, its subject prepared but loading nothing (Prepared); None
+    when it would not run to a time stage (failed build, not every case runnable here)."""
+    runnable, _, _ = _select_cases(sub, ctx)
+    if build.status is not Status.PASS or sub.kind not in (Kind.PYTHON, Kind.CUDA) or timed not in runnable:
+        return None
+    folders = contextlib.ExitStack()
+    try:
+        jit = folders.enter_context(jit_cache(sub))
+        work = Path(folders.enter_context(tempfile.TemporaryDirectory(
+            prefix=f"grade-{sub.module_name}-", dir=_scratch())))
+        spec, spec_path = stages_spec(sub, build, runnable, ctx, work, jit, timed, prepare=True)
+        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu, spare=False)
+    except BaseException:
+        folders.close()
+        raise
+    return Prepared(sub, work, jit, stages, folders)
+
+
+class Lookahead(threading.local):
+    """A GPU worker's next submission, begun while the one before runs (issue 13). The worker
+    says which is next (queue); when a run stage starts, the next one's harness and subject are
+    started (begin: its torch import, CUDA's start and the profiler's first start, 10-15 s on an
+    H100, off the GPU's critical path). Only the grader's code and torch run in them until its
+    turn: the submission is loaded when its run stage says "run". Their GPU work is over before
+    any timed call: every time stage and calibration settles it first (settle). Its turn claims
+    it (grade_submission); one not claimed is closed with the worker."""
+    queued: tuple[Submission, BuildResult] | None = None
+    prepared: Prepared | None = None
+
+    def queue(self, job) -> None:
+        """The worker's next job (or None): a submission's, its build passed, may be begun."""
+        if job is not None and job[0] == "submission" and job[3].status is Status.PASS:
+            self.queued = (job[2], job[3])
+        else:
+            self.queued = None
+
+    def begin(self, ctx: GradeContext, timed: Case | None) -> None:
+        if self.queued is None or self.prepared is not None or timed is None:
+            return
+        (sub, build), self.queued = self.queued, None
+        try:
+            self.prepared = prepare(sub, build, ctx, timed)
+        except Cancelled:
+            raise
+        except Exception as e:   # never the running submission's problem: the next runs as usual
+            ctx.progress.note(f"{sub.id}: could not begin its run early ({e!r})")
+
+    def settle(self) -> None:
+        if self.prepared is not None:
+            self.prepared.settle()
+
+    def claim(self, sub: Submission) -> Prepared | None:
+        """The prepared run of `sub`, if this worker began one and it got ready; else None (and
+        any other begun run closed)."""
+        got, self.prepared = self.prepared, None
+        if got is not None and got.sub is sub and got.settle() and got.stages.harness.proc.poll() is None:
+            return got
+        if got is not None:
+            got.close()
+        return None
+
+    def drop(self) -> None:
+        self.queued = None
+        got, self.prepared = self.prepared, None
+        if got is not None:
+            got.close()
+
+
+_AHEAD = Lookahead()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -704,6 +840,7 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
     """Timing statistics of one case, measured by the harness (on the run stage's subject when
     `stages` are given, else on a new one); or (status, message) if the subject failed while
     being timed."""
+    _AHEAD.settle()   # no other process of this run does GPU work while a call is timed
     if stages is not None:
         record, output = stages.time()
     else:
@@ -766,6 +903,7 @@ def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCos
 
 
 def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
+    _AHEAD.settle()
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=_scratch()) as tmp:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
                                      folder=[], deadline_s=ctx.limits.time_s,
@@ -864,7 +1002,8 @@ class _Jobs:
             self.pending -= 1 if built else 0
             self.cond.notify_all()
 
-    def take(self, slot: int):
+    def take(self, slot: int, *, wait: bool = True):
+        """The next job for worker `slot`; None when there is none (without `wait`: none now)."""
         with self.cond:
             while True:
                 if self.stopped:
@@ -873,7 +1012,7 @@ class _Jobs:
                     return self.pinned[slot].popleft()
                 if self.shared:
                     return self.shared.popleft()
-                if self.pending <= 0:
+                if self.pending <= 0 or not wait:
                     return None
                 self.cond.wait()
 
@@ -1008,8 +1147,12 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             try:
                 if graded:   # while the first builds compile
                     worker = dataclasses.replace(worker, protocol=calibrate_protocol(worker, reuse=reused))
-                while (job := jobs.take(slot)) is not None:
+                job = jobs.take(slot)
+                while job is not None:
+                    upcoming = jobs.take(slot, wait=False)   # begun while this one runs
+                    _AHEAD.queue(upcoming)
                     grade_job(job, worker)
+                    job = upcoming if upcoming is not None else jobs.take(slot)
             except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
                 errors.append(e)
                 jobs.stop()

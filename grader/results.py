@@ -55,9 +55,12 @@ class GpuRef:
 
 # Where a run stage's time goes, in order (grader/harness.py measures them): the harness's taking
 # up its spec (its process start and imports, unless it was started warm: pipeline.WarmHarness);
-# CUDA's start in it and the shared buffers; the subject's start in the
-# sandbox, its imports, CUDA's start there and the submission's import; every case's call.
-RUN_PHASES = ("harness", "buffers", "subject", "cases")
+# CUDA's start in it and the shared buffers; the subject's start in the sandbox, its imports,
+# CUDA's start there and the submission's import; every case's call. A run begun before its turn
+# (pipeline.Lookahead) has two more: "subject" ends when it is prepared (no submission code
+# loaded), "waiting" until its turn, "load" is the submission's import. Only "load" and "cases"
+# of such a run are on the GPU's critical path: the rest overlapped the submission before it.
+RUN_PHASES = ("harness", "buffers", "subject", "waiting", "load", "cases")
 
 @dataclasses.dataclass(frozen=True)
 class SubmissionResult:

@@ -154,6 +154,9 @@ def test_adversarial_on_the_gpu(tmp_path):
                 for n in names()}
     assert not {n: f for n, f in findings.items() if f}, findings
     check_common(results, tmp_path / "results")
+    # the verdicts above hold with runs begun early (pipeline.Lookahead): some were
+    begun_early = [n for n, r in results.items() if "run.load" in dict(r.get("stage_s") or ())]
+    assert begun_early, "no run was begun before its turn (pipeline.Lookahead)"
     assert "returned a wrong output" in results["cache_by_ptr_py"]["message"]
     assert "flash" in results["lib_timed_only_py"]["message"].lower()
     assert "unaccounted for" in results["lib_timed_only_py"]["message"]

@@ -19,6 +19,7 @@ import pytest
 
 from grader import config, device as device_mod, pipeline, procs, sandbox as sandbox_mod
 from grader.build import BuildResult
+from grader.cases import Case
 from grader.device import DeviceInfo, GpuSelectionError, parse_gpus, select_gpus
 from grader.progress import Progress
 from grader.report import build_rows, gpu_agreement, render_leaderboard, text_table
@@ -225,6 +226,7 @@ class Recorder:
 
     def __init__(self, seconds: float = 0.05):
         self.seconds, self.lock, self.runs = seconds, threading.Lock(), []
+        self.next_of: dict[str, str | None] = {}
 
     def run(self, what: str, ctx, role: str):
         started = time.monotonic()
@@ -235,6 +237,8 @@ class Recorder:
                                   end=time.monotonic(), cpus=ctx.cpus.gpu))
 
     def grade_submission(self, sub, build, ctx, source=""):
+        queued = pipeline._AHEAD.queued   # the worker's next (Lookahead), as run_cases sees it
+        self.next_of[sub.id] = queued[0].id if queued else None
         self.run(sub.id, ctx, sub.role.value)
         return SubmissionResult(id=sub.id, label=sub.id, kind=sub.kind.value, role=sub.role.value,
                                 status=Status.PASS, message="ok", timing=_timing(10.0 + ctx.slot),
@@ -340,6 +344,75 @@ def test_quick_builds_start_first_so_the_gpu_starts_at_once(course, monkeypatch,
     assert kinds == sorted(kinds, key=pipeline.BUILD_ORDER.index) and kinds[-1].value == "cuda"
     assert [s.id for s in pipeline.build_order(course.subs) if s.kind.value == "python"] == [
         s.id for s in course.subs[1:]]   # each kind in the order given
+
+
+def test_a_worker_knows_its_next_submission_while_it_grades_one(course):
+    """pipeline.Lookahead: a GPU worker takes its next job before it grades one, so that the
+    next one's run can be begun meanwhile; it then grades exactly that one next."""
+    course.grade([gpu(0)])
+    order = [r["what"] for r in sorted(course.recorder.runs, key=lambda r: r["start"])]
+    told = course.recorder.next_of
+    assert sorted(told) == sorted(s.id for s in course.subs)   # each graded once
+    assert any(told.values())                                  # it had one queued, mostly
+    for graded, following in zip(order, order[1:] + [None]):
+        if told.get(graded):
+            assert told[graded] == following, (graded, told[graded], following)
+
+
+def test_the_next_submission_is_prepared_claimed_and_timed_on_its_own_subject(
+        tmp_path, make_submission, monkeypatch):
+    """Lookahead on the CPU, with real harness and subject processes: begun while another runs
+    (begin), settled before any timing (time_target), claimed on its turn, run and timed on the
+    subject it prepared; a prepared run that another submission claims is closed; the worker's
+    end closes what is left."""
+    case = Case(1, 2, 16, 64, seed=3)
+    cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu", index=None, uuid="", l2_bytes=1 << 20)
+    ctx = dataclasses.replace(_ctx(tmp_path, case, [cpu]), sandbox=Sandbox(None, "off in this test"))
+    source = "import os\nprint('subject pid', os.getpid(), flush=True)\ndef custom_kernel(data):\n    return data[2].clone()\n"
+    subs = [inspect_folder(make_submission(name, source)) for name in ("next", "other")]
+    built = BuildResult(Status.PASS, "import", 0.1)
+    settled = []
+    real_settle = pipeline.Prepared.settle
+    monkeypatch.setattr(pipeline.Prepared, "settle",
+                        lambda self, timeout_s=60: settled.append(self.sub.id) or real_settle(self, timeout_s))
+    with pipeline.keep_warm():
+        ahead = pipeline._AHEAD
+        ahead.queue(("baseline", None, None, None))
+        assert ahead.queued is None                  # only a submission's run is begun early
+        ahead.queue(("submission", None, subs[0], BuildResult(Status.BUILD_ERROR, "import", 0.1)))
+        assert ahead.queued is None                  # nor one whose build failed
+        ahead.queue(("submission", None, subs[0], built))
+        ahead.begin(ctx, case)
+        prepared = ahead.prepared
+        assert prepared is not None and prepared.sub is subs[0] and ahead.queued is None
+        pipeline.time_target({}, case, ctx, folder=[], stages=_NoTiming())   # settles it first
+        assert settled == ["next"] and prepared.ready
+        got = ahead.claim(subs[0])
+        assert got is prepared and ahead.prepared is None
+        with got.folders:
+            ran = pipeline.run_cases(subs[0], built, [case], ctx, got.work, got.jit, case, got)
+            assert ran.runs[case.id]["status"] == "pass", ran.output
+            assert ran.stages is got.stages and ran.phases_s["load"] >= 0
+            timed = pipeline.time_target({}, case, ctx, folder=[], stages=ran.stages)
+            assert isinstance(timed, pipeline.TimedRun) and timed.stats.n >= 2
+        run_pid = [l for l in ran.output.splitlines() if l.startswith("subject pid")]
+        time_pid = [l for l in timed.record["output"].splitlines() if l.startswith("subject pid")]
+        assert run_pid and set(run_pid) == set(time_pid)   # one subject for both stages
+        ahead.queue(("submission", None, subs[0], built))
+        ahead.begin(ctx, case)
+        stale = ahead.prepared
+        assert ahead.claim(subs[1]) is None and stale.stages.harness.closed   # not its turn
+        ahead.queue(("submission", None, subs[1], built))
+        ahead.begin(ctx, case)
+        left = ahead.prepared
+    assert left.stages.harness.closed and pipeline._AHEAD.prepared is None   # the worker ended
+
+
+class _NoTiming:
+    """Stages that time nothing: time_target's settling, seen without a time stage."""
+
+    def time(self):
+        return None, ""
 
 
 def test_one_gpu_runs_as_before(course):

@@ -3,6 +3,7 @@ case, deadlines, and a subject that writes on the grader's pipe (no sandbox need
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -68,10 +69,11 @@ def test_the_run_record_says_where_the_stage_s_time_went(tmp_path):
     """, spawned=spawned)
     took = time.monotonic() - spawned
     phases = result["phases_s"]
-    assert list(phases) == list(RUN_PHASES) and all(s >= 0 for s in phases.values())
+    assert list(phases) == ["harness", "buffers", "subject", "cases"] and all(s >= 0 for s in phases.values())
     assert 1.5 <= phases["subject"] < took and sum(phases.values()) <= took
     assert phases["harness"] < 1   # started in this process: no start or import to wait for
-    assert harness.phases([None, 1.0, 3.5, 4.0]) == {"buffers": 2.5, "subject": 0.5}   # no spawn stamp
+    assert harness.phases(None, [("harness", 1.0), ("buffers", 3.5), ("subject", 4.0)]) == {
+        "buffers": 2.5, "subject": 0.5}   # no spawn stamp: the first phase's start is unknown
 
 
 def test_an_error_is_that_case_s_and_the_next_case_still_runs(tmp_path):
@@ -358,6 +360,50 @@ def test_a_run_that_is_not_timed_lets_its_subject_go(tmp_path):
     stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
     ran, log = stages.ran(5)
     assert ran is None and stages.harness.closed and stages.harness.proc.returncode is not None
+
+
+SLOW_IMPORT = "import time\ntime.sleep(1.5)\n" + textwrap.dedent(PID_PRINTER)
+
+
+def test_a_run_begun_early_loads_the_submission_only_on_its_turn(tmp_path):
+    """pipeline.Lookahead (issue 13): a prepared harness starts its subject, which starts the
+    profiler and waits; no submission code runs before "run" (the 1.5 s import lands in "load",
+    after the wait); then run and time go on as usual, on that one subject."""
+    from grader.pipeline import Prepared, Stages
+    spec, spec_path = stages_spec(tmp_path, SLOW_IMPORT)
+    stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
+    prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
+    try:
+        assert prepared.settle(120) and prepared.settle(0)   # said once, remembered
+        time.sleep(1.0)                                       # the submission before it runs
+        assert not (tmp_path / "run.json").exists()
+        stages.go()
+        ran, run_log = stages.ran(120)
+        assert ran is not None and [r["status"] for r in ran["cases"].values()] == ["pass"] * 4, run_log
+        timed, time_log = stages.time()
+    finally:
+        prepared.close()
+    phases = ran["phases_s"]
+    assert list(phases) == list(RUN_PHASES)
+    assert phases["waiting"] >= 1.0 and phases["load"] >= 1.5, phases
+    assert timed is not None and timed["stats"]["n"] == 5, time_log
+    pids = {line.split()[-1] for log in (run_log, time_log) for line in log.splitlines()
+            if line.startswith("subject pid")}
+    assert len(pids) == 1 and stages.harness.proc.returncode == 0
+
+
+def test_a_run_begun_early_and_not_wanted_ends_having_loaded_nothing(tmp_path):
+    from grader.pipeline import Prepared, Stages
+    spec, spec_path = stages_spec(tmp_path, "import os\nos._exit(9)\n")   # would end the subject
+    stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
+    prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
+    assert prepared.settle(120)
+    prepared.close()   # its turn never comes (the worker stopped, the one before crashed)
+    assert stages.harness.proc.returncode == 0 and not (tmp_path / "run.json").exists()
+    # a harness that is never prepared is given up: the submission then runs the usual way
+    stages = Stages(dict(spec, prepare=True, deadline_s=0.001), spec_path, env=child_env(cuda=False), cpus=None)
+    prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
+    assert not prepared.settle(120) and stages.harness.closed
 
 
 def test_a_gpu_worker_s_next_harness_is_started_while_the_last_one_works(tmp_path):

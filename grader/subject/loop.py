@@ -16,6 +16,9 @@ descriptors. After loading the submission it answers each request, one JSON line
     {"op": "ping", "n": 8} -> {"event": "pong", "n": 8}
     {"op": "exit"}
 
+A prepared subject (setup "prepare": true) first starts the profiler once, replies
+{"event": "prepared"} and reads one line, "load", before it loads the submission.
+
 A call reads Q, K, V from the shared buffers, calls the submission, copies what it returned into
 the shared O, synchronizes the device and replies. A timed call is armed first ("arm": its views
 of the buffers made before the harness's clock starts) and started by "go", so that between "go"
@@ -399,6 +402,27 @@ def describe(out, shape: tuple[int, ...]) -> dict:
                 dtype=str(out.dtype).removeprefix("torch."), device=str(out.device))
 
 
+def prepare(subject: Subject) -> None:
+    """A subject started before its turn (issue 13: pipeline.Lookahead). Before any submission
+    code is loaded: start the profiler once with nothing to see (its first start in a process
+    costs seconds, CUPTI's: 5.5 s on an H100, bench/run_stage_probe.json), say "prepared", and
+    wait, blocked and not polling, for "load". Anything else, or the pipe's end: exit."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if subject.device == "cuda" else [])
+    with profile(activities=activities):
+        pass
+    subject.reply(dict(event="prepared"))
+    fd, line = subject.requests.fileno(), b""
+    while not line.endswith(b"\n") and len(line) < 64:   # byte by byte: nothing after it is taken
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    if line.strip() != b"load":
+        sys.stdout.flush()
+        os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="grader/subject/loop.py")
     p.add_argument("--setup", help="JSON from the harness: device, pipes, buffers, target")
@@ -415,7 +439,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
         os._exit(0)
     setup = json.loads(a.setup)
-    subject = Subject(setup)
+    subject = Subject(setup)   # maps the shared buffers: CUDA starts here
+    if setup.get("prepare"):
+        prepare(subject)
     if setup["target"].get("kind") == "python":   # before the submission imports TileLang
         os.environ.update(TILELANG_NO_DISK_CACHE)
     if setup["device"] != "cuda":
