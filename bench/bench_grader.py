@@ -252,7 +252,7 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
                        message=r.message.splitlines()[0] if r.message else "")
                   for r in students if plan[r.id].expected not in (None, r.status.value)]
     stages = {}
-    for stage in STAGES + RUN_PARTS:
+    for stage in STAGES + RUN_PARTS + ("wait",):
         values = [f.stages[stage] for f in figures.values() if stage in f.stages]
         stages[stage] = spread(values)
     # every row's GPU-serial time, baselines and the solution row included
@@ -321,6 +321,10 @@ def format_report(report: dict) -> str:
                 f"{name} {s['median']:.2f} (n={s['n']})" for name, s in parts if s.get("n"))
                 + f"; run stage {r['stages_s']['run'].get('median', float('nan')):.2f} (of a run "
                 "begun early, only load and cases are in it: pipeline.Lookahead)")
+        wait = r["stages_s"].get("wait", {})
+        if wait.get("n"):
+            lines.append(f"  waited for the next one's preparation (before a time stage or a turn): "
+                         f"median {wait['median']:.2f} s, sum {wait['sum']:.1f} s (n={wait['n']})")
         for u in r["unexpected"]:
             lines.append(f"  UNEXPECTED {u['id']}: {u['got']} (expected {u['expected']}): {u['message']}")
     for s in report["scaling"]:

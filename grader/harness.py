@@ -269,13 +269,16 @@ def loaded(link: Link, spec: dict, deadline: float) -> dict | None:
     return None
 
 
-def start_prepared(spec: dict, buffers: dict[str, SharedBuffer], ends: list) -> tuple[Link, dict | None]:
+def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
+                   ends: list) -> tuple[Link, dict | None, float]:
     """A run begun before its turn (spec "prepare"; pipeline.Lookahead): the subject started,
     with CUDA and its profiler, but no submission code; "prepared" said on the control pipe; then,
     on "run", the submission loaded. Only the grader's code and torch have run when "prepared" is
     said, so that it may happen while another submission's run stage has the GPU. A subject that
-    does not get there, or a word other than "run": this process ends, its work undone, and the
-    pipeline runs the submission the usual way."""
+    does not get there (or is gone by its turn), or a word other than "run": this process ends
+    with no record, its work undone, and the pipeline runs the submission the usual way. Returns
+    the link, the loading's error record (or None) and the run's deadline: loading and every
+    case share one limit from "run", as they do in a run not begun early."""
     ready_fd, decide_fd = spec["control"]
     link = Link(spec, buffers)
     try:
@@ -283,20 +286,32 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer], ends: list) -> 
     except SubjectGone:
         reply = {}
     if reply.get("event") != "prepared":
-        link.close()
-        os._exit(0)
-    ends.append(("subject", time.monotonic()))
+        _give_up(link)
+    ends.append(("prepare", time.monotonic()))
     try:
         os.write(ready_fd, b"prepared\n")
         word = read_line(decide_fd)
     except OSError:
         word = ""
     if word != "run":
-        link.close()
-        os._exit(0)
+        _give_up(link)
     ends.append(("waiting", time.monotonic()))
-    link.write(b"load\n")
-    return link, loaded(link, spec, time.monotonic() + spec["deadline_s"])
+    deadline = time.monotonic() + spec["deadline_s"]
+    try:   # "loading" comes before any submission code: a death before it is not the submission's
+        link.write(b"load\n")
+        ack = link.receive(deadline)
+    except SubjectGone:
+        ack = {}
+    if ack.get("event") != "loading":
+        _give_up(link)
+    return link, loaded(link, spec, deadline), deadline
+
+
+def _give_up(link: Link) -> None:
+    """A run begun early ends here with no record (the pipeline runs it the usual way)."""
+    link.close()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _error_text(reply: dict, where: str = "") -> str:
@@ -364,8 +379,7 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
     synchronize(device)
     ends.append(("buffers", time.monotonic()))
     if spec.get("prepare"):
-        link, failed = start_prepared(spec, buffers, ends)
-        deadline = time.monotonic() + spec["deadline_s"]   # from "run": loading and the cases
+        link, failed, deadline = start_prepared(spec, buffers, ends)
         ends.append(("load", time.monotonic()))
     else:
         link, failed = start(spec, buffers, deadline)

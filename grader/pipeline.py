@@ -148,20 +148,25 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
 
     Its wall time is the build's plus its own stages', not the time it waited for the GPU.
     In a GPU worker, its run may have begun during the submission before (Lookahead)."""
-    prepared = _AHEAD.claim(sub)
+    waited = time.monotonic()
+    prepared = _AHEAD.claim(sub)   # waits for its preparation to end, if it has not
+    waited = time.monotonic() - waited
     if prepared is not None:
         with prepared.folders:
-            return _grade_built(sub, build, ctx, source, prepared.jit, prepared)
+            return _grade_built(sub, build, ctx, source, prepared.jit, prepared, waited)
     with jit_cache(sub) as jit:
-        return _grade_built(sub, build, ctx, source, jit)
+        return _grade_built(sub, build, ctx, source, jit, waited_s=waited)
 
 
 def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
-                 jit: Path | None, prepared: "Prepared | None" = None) -> SubmissionResult:
+                 jit: Path | None, prepared: "Prepared | None" = None,
+                 waited_s: float = 0.0) -> SubmissionResult:
     """grade_submission, with the submission's JIT cache folder (jit_cache) and, when its run
-    was begun early, the Prepared (its work folder and Stages)."""
-    started = time.monotonic() - build.elapsed_s
+    was begun early, the Prepared (its work folder and Stages); waited_s: how long its turn
+    waited for a preparation to end (StageClock "wait")."""
+    started = time.monotonic() - build.elapsed_s - waited_s
     clock = StageClock(build.elapsed_s)
+    clock.waited(waited_s)
     role = "calibration" if ctx.calibration and sub.role is Role.STUDENT else sub.role.value
     base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=role, build=build,
                 source_text=_read_source(sub), stage_s=clock)
@@ -215,7 +220,6 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
     if stages is not None and (status is not Status.PASS or timed is None):
         stages.close()   # not timed: its subject goes before the GPU's health is checked
     if any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked):
-        _AHEAD.drop()   # begun beside a crash or a hung kernel: the next runs afresh
         ensure_gpu_healthy(ctx)
 
     cases = _in_case_order(checked + skipped, ctx.cases)
@@ -229,6 +233,9 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
     timing, timed_case = None, None
     if status is Status.PASS and timed is not None:
         ctx.progress.stage(sub.id, "time")
+        waited = time.monotonic()
+        _AHEAD.settle()   # the next one's preparation ends before any timed call
+        clock.waited(time.monotonic() - waited)
         clock.start("time")
         timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
                                 log_name=log_id, jit=jit, stages=stages)
@@ -379,13 +386,19 @@ class StageClock:
     """The seconds one submission spent in each stage (the result's stage_s): the build's, then
     each of run, check and time from its start to its stop, then the parts of a stage that its
     process measured ("run.subject": results.RUN_PHASES). The stage's own figure holds its parts,
-    except for a run begun early (Lookahead), whose parts before "waiting" ended overlapped the
-    submission before it."""
+    except for a run begun early (Lookahead), whose parts up to "waiting" overlapped the
+    submission before it. "wait": time spent waiting for a preparation to end (waited)."""
 
     def __init__(self, build_s: float):
         self._seconds = {"build": build_s}
         self._parts: dict[str, float] = {}
         self._stage, self._since = "", 0.0
+
+    def waited(self, seconds: float) -> None:
+        """Time in no stage: waiting for the next submission's preparation to end (Lookahead),
+        before a time stage or before a turn; "wait" in stage_s when there was any."""
+        if seconds > 0.001:
+            self._seconds["wait"] = self._seconds.get("wait", 0.0) + seconds
 
     def parts(self, stage: str, seconds: dict[str, float]) -> None:
         self._parts.update({f"{stage}.{part}": s for part, s in seconds.items()})
@@ -550,12 +563,15 @@ class WarmHarness:
         except subprocess.TimeoutExpired:
             pass
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 30) -> None:
+        """Let it go: "stop", up to wait_s for it to end its subject and exit, then its process
+        group killed (at once with wait_s 0: one that is not reading its control pipe)."""
         if self.closed:
             return
         self.closed = True
         self.say(b"stop\n")
-        self.wait(30)   # the harness ends its subject (Link.close) and exits
+        if wait_s:
+            self.wait(wait_s)   # the harness ends its subject (Link.close) and exits
         kill_group(self.proc)
         self.reader.join(timeout=10)
         for fd in (self.ready_r, self.decide_w):
@@ -649,8 +665,8 @@ class Stages:
         self.close()
         return harness_record(self.results[1], self.harness.reader.text())
 
-    def close(self) -> None:
-        self.harness.close()
+    def close(self, wait_s: float = 30) -> None:
+        self.harness.close(wait_s)
 
 
 def run_once(spec: dict, spec_path: Path, *, env: dict, cpus) -> tuple[dict | None, str]:
@@ -691,8 +707,16 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
         spec, spec_path = stages_spec(sub, build, cases, ctx, work, jit, timed)
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
     if stages is not None:
-        _AHEAD.begin(ctx, timed)
+        try:
+            _AHEAD.begin(ctx, timed)
+        except BaseException:   # Cancelled: the run is stopping
+            stages.close()
+            raise
         record, output = stages.ran(ctx.limits.run_s + 300)
+        if record is None and prepared is not None:   # its harness gave up (harness._give_up)
+            stages.close()
+            ctx.progress.note(f"{sub.id}: its run begun early did not start; running it anew")
+            return run_cases(sub, build, cases, ctx, work, jit, timed)
     else:
         spec, spec_path = harness_spec("run", _target(sub, build), ctx, work,
                                        folder=_folder(sub, build), deadline_s=ctx.limits.run_s,
@@ -740,11 +764,13 @@ class Prepared:
         if self.ready is None:
             self.ready = self.stages.harness.said(timeout_s).startswith(b"prepared")
             if not self.ready:
-                self.stages.close()
+                self.stages.close(wait_s=0)
         return self.ready
 
     def close(self) -> None:
-        self.stages.close()
+        """Its processes and folders gone; one still preparing (not reading its control pipe) is
+        killed at once."""
+        self.stages.close(wait_s=30 if self.ready else 0)
         self.folders.close()
 
 
@@ -921,7 +947,9 @@ def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
 
 
 def ensure_gpu_healthy(ctx: GradeContext, *, tries: int = 2) -> None:
-    """After a crash or a kill, make sure the next submission gets a working GPU."""
+    """After a crash or a kill, make sure the next submission gets a working GPU. A run begun
+    early beside the crash or the hung kernel is let go: that submission runs afresh."""
+    _AHEAD.drop()
     if not ctx.device.cuda:
         return
     probe = ("import torch; x = torch.ones(1 << 20, device='cuda'); "
@@ -993,6 +1021,7 @@ class _Jobs:
         self.shared: deque = deque()
         self.pending = 0
         self.stopped = False
+        self.idle = 0   # workers waiting for a job
 
     def put(self, jobs: list, *, built: bool = False) -> None:
         """Queue (slot or None, job) pairs; `built`: a pending build's jobs (or none, if it went)."""
@@ -1003,18 +1032,24 @@ class _Jobs:
             self.cond.notify_all()
 
     def take(self, slot: int, *, wait: bool = True):
-        """The next job for worker `slot`; None when there is none (without `wait`: none now)."""
+        """The next job for worker `slot`; None when there is none. Without `wait` (a worker
+        taking its next job early, Lookahead): one now, and a shared one only if a job is left
+        for every worker waiting for one: a GPU never idles while another holds a job."""
         with self.cond:
             while True:
                 if self.stopped:
                     return None
                 if self.pinned[slot]:
                     return self.pinned[slot].popleft()
-                if self.shared:
+                if self.shared and (wait or len(self.shared) > self.idle):
                     return self.shared.popleft()
                 if self.pending <= 0 or not wait:
                     return None
-                self.cond.wait()
+                self.idle += 1
+                try:
+                    self.cond.wait()
+                finally:
+                    self.idle -= 1
 
     def stop(self) -> list:
         """No worker takes anything more; returns what was still queued."""
@@ -1152,7 +1187,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
                     upcoming = jobs.take(slot, wait=False)   # begun while this one runs
                     _AHEAD.queue(upcoming)
                     grade_job(job, worker)
-                    job = upcoming if upcoming is not None else jobs.take(slot)
+                    job = upcoming if upcoming is not None and not jobs.stopped else jobs.take(slot)
             except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
                 errors.append(e)
                 jobs.stop()

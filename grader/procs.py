@@ -361,7 +361,10 @@ def child_env(*, cuda: bool, gpu: str = "") -> dict:
     env.setdefault("MAX_JOBS", "2")          # ninja inside one build: two sources
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(config.REPO_ROOT), env.get("PYTHONPATH")]))
+    # Absolute entries only: an empty or relative one is the current folder to Python, and a
+    # subject's current folder is the submission's (its json.py would shadow the standard one).
+    inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    env["PYTHONPATH"] = os.pathsep.join([str(config.REPO_ROOT), *inherited])
     if CHILDREN.token:
         env[RUN_TOKEN_ENV] = CHILDREN.token
     if not cuda:

@@ -57,10 +57,11 @@ class GpuRef:
 # up its spec (its process start and imports, unless it was started warm: pipeline.WarmHarness);
 # CUDA's start in it and the shared buffers; the subject's start in the sandbox, its imports,
 # CUDA's start there and the submission's import; every case's call. A run begun before its turn
-# (pipeline.Lookahead) has two more: "subject" ends when it is prepared (no submission code
-# loaded), "waiting" until its turn, "load" is the submission's import. Only "load" and "cases"
-# of such a run are on the GPU's critical path: the rest overlapped the submission before it.
-RUN_PHASES = ("harness", "buffers", "subject", "waiting", "load", "cases")
+# (pipeline.Lookahead) has "prepare" instead of "subject" (the subject's start, its imports,
+# CUDA's and the profiler's first start: no submission code), "waiting" until its turn and
+# "load" (the submission's import). Only "load" and "cases" of such a run are in its run stage:
+# the rest overlapped the submission before it.
+RUN_PHASES = ("harness", "buffers", "subject", "prepare", "waiting", "load", "cases")
 
 @dataclasses.dataclass(frozen=True)
 class SubmissionResult:

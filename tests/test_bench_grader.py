@@ -105,7 +105,7 @@ def test_a_cpu_run_reports_throughput_overhead_and_stages(tmp_path):
     # the figures are the result files' own
     result = json.loads((tmp_path / "work" / "results-cpu" / "numpy_kernel_000.json").read_text())
     stage_s = result["stage_s"]
-    parts = {f"run.{p}" for p in RUN_PHASES if p not in ("waiting", "load")}   # not begun early
+    parts = {f"run.{p}" for p in RUN_PHASES if p not in ("prepare", "waiting", "load")}   # not begun early
     assert set(stage_s) == {"build", "run", "check"} | parts
     assert sum(stage_s[p] for p in parts) <= stage_s["run"] + 0.05   # the run's parts, in it
     assert stages["run.subject"]["n"] == 5 and "run stage's parts, median s: harness" in proc.stdout

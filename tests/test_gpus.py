@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import io
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import config, device as device_mod, pipeline, procs, sandbox as sandbox_mod
+from grader import config, device as device_mod, harness, pipeline, procs, sandbox as sandbox_mod
 from grader.build import BuildResult
 from grader.cases import Case
 from grader.device import DeviceInfo, GpuSelectionError, parse_gpus, select_gpus
@@ -385,8 +386,9 @@ def test_the_next_submission_is_prepared_claimed_and_timed_on_its_own_subject(
         ahead.begin(ctx, case)
         prepared = ahead.prepared
         assert prepared is not None and prepared.sub is subs[0] and ahead.queued is None
-        pipeline.time_target({}, case, ctx, folder=[], stages=_NoTiming())   # settles it first
-        assert settled == ["next"] and prepared.ready
+        with pytest.raises(_Timing):   # time_target settles it before any timed call
+            pipeline.time_target({}, case, ctx, folder=[], stages=_NoTiming(settled))
+        assert prepared.ready
         got = ahead.claim(subs[0])
         assert got is prepared and ahead.prepared is None
         with got.folders:
@@ -402,17 +404,62 @@ def test_the_next_submission_is_prepared_claimed_and_timed_on_its_own_subject(
         ahead.begin(ctx, case)
         stale = ahead.prepared
         assert ahead.claim(subs[1]) is None and stale.stages.harness.closed   # not its turn
+        # a prepared subject that died while it waited: the run starts anew, the usual way
+        ahead.queue(("submission", None, subs[1], built))
+        ahead.begin(ctx, case)
+        dying = ahead.claim(subs[1])
+        assert dying is not None and dying.ready
+        harness_pid = dying.stages.harness.proc.pid
+        for pid in harness.process_tree(harness_pid) - {harness_pid}:
+            os.kill(pid, signal.SIGKILL)
+        with dying.folders:
+            ran = pipeline.run_cases(subs[1], built, [case], ctx, dying.work, dying.jit, case, dying)
+            assert ran.runs[case.id]["status"] == "pass", ran.output
+            assert ran.stages is not dying.stages and "load" not in ran.phases_s
+            ran.stages.close()
         ahead.queue(("submission", None, subs[1], built))
         ahead.begin(ctx, case)
         left = ahead.prepared
     assert left.stages.harness.closed and pipeline._AHEAD.prepared is None   # the worker ended
 
 
+def test_a_worker_takes_its_next_job_early_only_when_no_other_worker_waits():
+    """Lookahead without hoarding: a job taken early is one no idle GPU worker is waiting for."""
+    jobs = pipeline._Jobs(2)
+    jobs.pending = 1
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(jobs.take(1)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while jobs.idle == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert jobs.idle == 1
+    with jobs.cond:   # two jobs arrive at once; worker 0 looks ahead before worker 1 wakes
+        jobs.shared.extend(["a", "b"])
+    assert jobs.take(0, wait=False) == "a"        # one left for the waiting worker
+    assert jobs.take(0, wait=False) is None
+    jobs.put([], built=True)                      # wakes worker 1
+    waiter.join(timeout=10)
+    assert got == ["b"] and jobs.idle == 0
+    jobs.pinned[0].append("mine")
+    assert jobs.take(0, wait=False) == "mine"    # a job pinned to this worker is its own
+    jobs.stop()
+    assert jobs.take(0, wait=False) is None
+
+
+class _Timing(Exception):
+    pass
+
+
 class _NoTiming:
-    """Stages that time nothing: time_target's settling, seen without a time stage."""
+    """Stages whose time stage only checks that the next run's preparation had been settled."""
+
+    def __init__(self, settled: list):
+        self.settled = settled
 
     def time(self):
-        return None, ""
+        assert self.settled == ["next"]
+        raise _Timing
 
 
 def test_one_gpu_runs_as_before(course):

@@ -384,7 +384,7 @@ def test_a_run_begun_early_loads_the_submission_only_on_its_turn(tmp_path):
     finally:
         prepared.close()
     phases = ran["phases_s"]
-    assert list(phases) == list(RUN_PHASES)
+    assert list(phases) == ["harness", "buffers", "prepare", "waiting", "load", "cases"]
     assert phases["waiting"] >= 1.0 and phases["load"] >= 1.5, phases
     assert timed is not None and timed["stats"]["n"] == 5, time_log
     pids = {line.split()[-1] for log in (run_log, time_log) for line in log.splitlines()
@@ -394,16 +394,46 @@ def test_a_run_begun_early_loads_the_submission_only_on_its_turn(tmp_path):
 
 def test_a_run_begun_early_and_not_wanted_ends_having_loaded_nothing(tmp_path):
     from grader.pipeline import Prepared, Stages
-    spec, spec_path = stages_spec(tmp_path, "import os\nos._exit(9)\n")   # would end the subject
+    marker = tmp_path / "imported"
+    spec, spec_path = stages_spec(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
     stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
     assert prepared.settle(120)
     prepared.close()   # its turn never comes (the worker stopped, the one before crashed)
     assert stages.harness.proc.returncode == 0 and not (tmp_path / "run.json").exists()
+    assert not marker.exists()   # the submission was never imported
+    # one still preparing (not reading its control pipe) is killed at once, not waited for
+    stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
+    prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
+    began = time.monotonic()
+    prepared.close()
+    assert time.monotonic() - began < 10 and stages.harness.proc.returncode is not None
+    assert not marker.exists()
     # a harness that is never prepared is given up: the submission then runs the usual way
     stages = Stages(dict(spec, prepare=True, deadline_s=0.001), spec_path, env=child_env(cuda=False), cpus=None)
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
     assert not prepared.settle(120) and stages.harness.closed
+
+
+def test_a_run_begun_early_has_one_limit_for_loading_and_its_cases(tmp_path):
+    """As in a run not begun early, the submission's import and every case's call share the run
+    limit, counted from its turn: a 5 s import and four 1.5 s calls do not fit in 9 s, although
+    each part alone would."""
+    from grader.pipeline import Prepared, Stages
+    source = ("import time\ntime.sleep(5)\ndef custom_kernel(data):\n"
+              "    time.sleep(1.5)\n    return data[2].clone()\n")
+    spec, spec_path = stages_spec(tmp_path, source)
+    stages = Stages(dict(spec, prepare=True, deadline_s=9), spec_path, env=child_env(cuda=False), cpus=None)
+    prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
+    try:
+        assert prepared.settle(120)
+        stages.go()
+        ran, log = stages.ran(120)
+    finally:
+        prepared.close()
+    assert ran is not None, log
+    statuses = [r["status"] for r in ran["cases"].values()]
+    assert statuses[0] == "pass" and "timeout" in statuses, statuses
 
 
 def test_a_gpu_worker_s_next_harness_is_started_while_the_last_one_works(tmp_path):

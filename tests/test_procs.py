@@ -221,3 +221,20 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
                        ("-c", (7,))]
     assert notes[-1].startswith("protocol calibrated: 1.200 ms")
     assert notes[-1].endswith("; GPU stages on CPUs 7, builds on 0-2")
+
+
+def test_a_child_s_import_path_never_holds_its_current_folder(monkeypatch, tmp_path):
+    """An empty or relative PYTHONPATH entry is the current folder to Python, and a subject's
+    current folder is the submission's: its json.py would be imported by the grader's own code
+    in the subject before the submission's turn (a run begun early, pipeline.Lookahead)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["", "/abs/x", "rel", ""]))
+    env = procs.child_env(cuda=False)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(config.REPO_ROOT), "/abs/x"]
+    script = tmp_path / "probe" / "path.py"   # run as the subject is: a script, not -c
+    script.parent.mkdir()
+    script.write_text("import sys\nprint(repr(sys.path))\n")
+    (tmp_path / "cwd").mkdir()
+    probe = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                           cwd=tmp_path / "cwd")
+    path = eval(probe.stdout)
+    assert "" not in path and "rel" not in path and str(tmp_path / "cwd") not in path, path

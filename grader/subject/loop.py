@@ -17,7 +17,8 @@ descriptors. After loading the submission it answers each request, one JSON line
     {"op": "exit"}
 
 A prepared subject (setup "prepare": true) first starts the profiler once, replies
-{"event": "prepared"} and reads one line, "load", before it loads the submission.
+{"event": "prepared"} and reads one line, "load"; it replies {"event": "loading"} and then loads
+the submission.
 
 A call reads Q, K, V from the shared buffers, calls the submission, copies what it returned into
 the shared O, synchronizes the device and replies. A timed call is armed first ("arm": its views
@@ -406,7 +407,8 @@ def prepare(subject: Subject) -> None:
     """A subject started before its turn (issue 13: pipeline.Lookahead). Before any submission
     code is loaded: start the profiler once with nothing to see (its first start in a process
     costs seconds, CUPTI's: 5.5 s on an H100, bench/run_stage_probe.json), say "prepared", and
-    wait, blocked and not polling, for "load". Anything else, or the pipe's end: exit."""
+    wait, blocked and not polling, for "load", and say "loading" (the harness then knows that a
+    death from here on is the submission's). Anything else, or the pipe's end: exit."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if subject.device == "cuda" else [])
     with profile(activities=activities):
@@ -421,6 +423,7 @@ def prepare(subject: Subject) -> None:
     if line.strip() != b"load":
         sys.stdout.flush()
         os._exit(0)
+    subject.reply(dict(event="loading"))   # from here on, what happens is the submission's
 
 
 def main(argv: list[str] | None = None) -> None:
