@@ -28,6 +28,14 @@ mkdir -p "$OUT"
 RUN=/tmp/run
 
 setup() {
+    # Without the wheels, `make env` would try the network the GPU machine does not have, and
+    # every task would fail after minutes of device time (session 13's first call): stop at once.
+    if ! ls .whl/pytest_json_report-*.whl >/dev/null 2>&1; then
+        echo "gpu_session: no .whl/ here: pass carry [\".whl\", \".deb\"] to the device call" >&2
+        exit 3
+    fi
+    ls .deb/bubblewrap_*.deb >/dev/null 2>&1 || echo "gpu_session: WARNING: no .deb/bubblewrap: " \
+        "runs are unsandboxed and their integrity results do not count" >&2
     if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .whl/*.whl || exit 1
