@@ -47,7 +47,7 @@ from . import config
 from .cases import Case
 from .compare import compare_outputs
 from .inputs import make_inputs, make_random_inputs
-from .procs import kill_group, spawn_capped
+from .procs import kill_group, read_line, spawn_capped
 from .reference import attention_plain_fp16, attention_reference
 from .results import RUN_PHASES
 from .shared_memory import SharedBuffer, create_buffer
@@ -914,17 +914,6 @@ def main(argv: list[str] | None = None) -> None:
         write_result(spec["result"], modes[spec["mode"]](spec))
     sys.stdout.flush()
     os._exit(0)
-
-
-def read_line(fd: int, limit: int = 4096) -> str:
-    """One line from the pipeline's control pipe, byte by byte (nothing after it is taken)."""
-    got = b""
-    while len(got) < limit and not got.endswith(b"\n"):
-        byte = os.read(fd, 1)
-        if not byte:
-            break
-        got += byte
-    return got.decode(errors="replace").strip()
 
 
 def write_result(path: str, result: dict) -> None:

@@ -183,8 +183,7 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
     # The solution is graded on every GPU of the run: each GPU's logs of it apart.
     log_id = f"{sub.id}.{ctx.gpu_tag}" if ctx.gpu_tag and sub.role is Role.BASELINE else sub.id
     timed = largest(list(ctx.cases)) if ctx.device.cuda else None
-    folder = (contextlib.nullcontext(prepared.work) if prepared is not None else
-              tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch()))
+    folder = contextlib.nullcontext(prepared.work) if prepared is not None else _work_folder(sub)
     with folder as tmp, contextlib.ExitStack() as later:
         work = Path(tmp)
         ctx.progress.stage(sub.id, "run")
@@ -452,6 +451,11 @@ def _select_cases(sub: Submission, ctx: GradeContext) -> tuple[list[Case], list[
 def _in_case_order(results: list[CaseResult], cases) -> list[CaseResult]:
     order = {c.id: i for i, c in enumerate(cases)}
     return sorted(results, key=lambda r: order.get(r.case, len(order)))
+
+
+def _work_folder(sub: Submission) -> tempfile.TemporaryDirectory:
+    """A submission's GPU stages' folder (its spec files, outputs and records), removed after."""
+    return tempfile.TemporaryDirectory(prefix=f"grade-{sub.module_name}-", dir=_scratch())
 
 
 def _scratch(need_bytes: int = 8 << 30) -> str | None:
@@ -783,8 +787,7 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
     folders = contextlib.ExitStack()
     try:
         jit = folders.enter_context(jit_cache(sub))
-        work = Path(folders.enter_context(tempfile.TemporaryDirectory(
-            prefix=f"grade-{sub.module_name}-", dir=_scratch())))
+        work = Path(folders.enter_context(_work_folder(sub)))
         spec, spec_path = stages_spec(sub, build, runnable, ctx, work, jit, timed, prepare=True)
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu, spare=False)
     except BaseException:
@@ -806,10 +809,8 @@ class Lookahead(threading.local):
 
     def queue(self, job) -> None:
         """The worker's next job (or None): a submission's, its build passed, may be begun."""
-        if job is not None and job[0] == "submission" and job[3].status is Status.PASS:
-            self.queued = (job[2], job[3])
-        else:
-            self.queued = None
+        what, _, sub, build = job if job is not None else (None, None, None, None)
+        self.queued = (sub, build) if what == "submission" and build.status is Status.PASS else None
 
     def begin(self, ctx: GradeContext, timed: Case | None) -> None:
         if self.queued is None or self.prepared is not None or timed is None:

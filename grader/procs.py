@@ -373,3 +373,15 @@ def child_env(*, cuda: bool, gpu: str = "") -> dict:
     elif gpu:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
+
+
+def read_line(fd: int, limit: int = 4096) -> str:
+    """One line from a control pipe, byte by byte (nothing after it is taken), stripped; '' at
+    the pipe's end."""
+    got = b""
+    while len(got) < limit and not got.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        got += byte
+    return got.decode(errors="replace").strip()

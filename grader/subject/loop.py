@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from grader.procs import read_line
 from grader.shared_memory import map_buffer
 
 ENTRY_POINT = "flash_attention_forward"   # CUDA submissions (CS149)
@@ -175,6 +176,12 @@ def launched_names(prof, device: str) -> list[list]:
     return [[name, count, round(us, 3)] for name, (count, us) in ranked]
 
 
+def call_activities(device: str) -> list:
+    """What a profiled "call" records: the CPU's operators, and the GPU's kernels on a GPU."""
+    from torch.profiler import ProfilerActivity
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+
+
 class Subject:
     def __init__(self, setup: dict):
         self.device = setup["device"]
@@ -245,9 +252,8 @@ class Subject:
         received = time.perf_counter()
         profiler = None
         if request.get("profile"):
-            from torch.profiler import ProfilerActivity, profile
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
-            profiler = profile(activities=activities)
+            from torch.profiler import profile
+            profiler = profile(activities=call_activities(self.device))
             profiler.__enter__()
         events = self.events
         if self.device != "cuda" and "tilelang" in sys.modules and self.tilelang_nvcc is None:
@@ -409,18 +415,11 @@ def prepare(subject: Subject) -> None:
     costs seconds, CUPTI's: 5.5 s on an H100, bench/run_stage_probe.json), say "prepared", and
     wait, blocked and not polling, for "load", and say "loading" (the harness then knows that a
     death from here on is the submission's). Anything else, or the pipe's end: exit."""
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if subject.device == "cuda" else [])
-    with profile(activities=activities):
+    from torch.profiler import profile
+    with profile(activities=call_activities(subject.device)):
         pass
     subject.reply(dict(event="prepared"))
-    fd, line = subject.requests.fileno(), b""
-    while not line.endswith(b"\n") and len(line) < 64:   # byte by byte: nothing after it is taken
-        byte = os.read(fd, 1)
-        if not byte:
-            break
-        line += byte
-    if line.strip() != b"load":
+    if read_line(subject.requests.fileno(), limit=64) != "load":
         sys.stdout.flush()
         os._exit(0)
     subject.reply(dict(event="loading"))   # from here on, what happens is the submission's
