@@ -272,7 +272,17 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
         kernel_s=spread([figures[r.id].kernel_s for r in ran]),
         stages_s=stages,
         gpu_serial_share=round(gpu_serial / run.wall_s, 3) if run.wall_s else None,
+        not_started=_not_started(run.log),
         device=meta.get("device", {}), log=str(run.log), results=str(run.out))
+
+
+def _not_started(log: Path) -> int:
+    """Runs begun early that failed on their turn and were graded anew (pipeline.NotStarted):
+    the grade log's notes, which say why."""
+    try:
+        return log.read_text(errors="replace").count("its run begun early did not start")
+    except OSError:
+        return 0
 
 
 def scaling(runs: list[dict]) -> list[dict]:
@@ -323,8 +333,11 @@ def format_report(report: dict) -> str:
                 "begun early, only load and cases are in it: pipeline.Lookahead)")
         wait = r["stages_s"].get("wait", {})
         if wait.get("n"):
-            lines.append(f"  waited for the next one's preparation (before a time stage or a turn): "
+            lines.append(f"  waited for its preparation at its turn: "
                          f"median {wait['median']:.2f} s, sum {wait['sum']:.1f} s (n={wait['n']})")
+        if r.get("not_started"):
+            lines.append(f"  NOT STARTED: {r['not_started']} runs begun early failed on their turn and "
+                         f"were graded anew (why: {r['log']})")
         for u in r["unexpected"]:
             lines.append(f"  UNEXPECTED {u['id']}: {u['got']} (expected {u['expected']}): {u['message']}")
     for s in report["scaling"]:

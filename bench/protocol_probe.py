@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
     link, call, failed = harness.open_call(spec, deadline)
     if failed is not None:
         return dict(failed=failed)
-    clocks, verify, case = [], harness.new_verify(), LARGEST
+    clocks, verify, case, pick = [], harness.new_verify(), LARGEST, random.Random(0)
     try:
         for i in range(config.TIMING_WARMUP_CALLS + 1):
             if profiled and i == config.TIMING_WARMUP_CALLS:
@@ -69,7 +70,7 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
         for i in range(calls):
             clock, inputs = call.run(seed=100 + i)
             clocks.append((clock.wall_ms, clock.fence_ms()))
-            harness.verify_call(verify, i, call.snapshot, inputs, case)   # as the timed loop does
+            harness.verify_call(verify, i, call.snapshot, inputs, case, pick)   # as the timed loop does
             del inputs
         link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
     finally:

@@ -130,10 +130,13 @@ BUILD_PEAK_GB = 4.0
 # least this many: with fewer, the builds would be left one or two, and timing shares the machine.
 RESERVE_MIN_CPUS = 6
 
-# A GPU worker begins its next submission's run while one runs (pipeline.Lookahead): the harness
+# A GPU worker begins its next submissions' runs while one runs (pipeline.Lookahead): the harness
 # and the subject start, with CUDA and the profiler, loading no submission code (10-15 s on an
-# H100). A time stage waits at most this long for that to end; past it the early start is given
-# up and the submission runs the usual way.
+# H100, more beside the builds, whose CPUs they use). This many at once: a submission's stages
+# take 5-10 s once they are begun early, so one preparation would seldom be ready at its turn.
+LOOKAHEAD = 2
+# A turn waits at most this long for its preparation to end; past it the early start is given up
+# and the submission runs the usual way.
 PREPARE_S = 120.0
 
 # Timing: stop when the relative standard error of the mean is under 0.5% ...
@@ -152,8 +155,15 @@ TIMING_WARMUP_CALLS = 2
 # before a timed loop's own warm-up, then the calls measured.
 CALIBRATION_WARMUP_CALLS = 6
 CALIBRATION_CALLS = 50
-# ... every timed call's output is compared with SDPA in the harness; this many, picked at random
-# after they return, with the fp32 reference and the precision budget.
+# ... every timed call's output is checked in the harness when it returns (harness.verify_call):
+# every element written (O is filled with NaN before each call), and this many of its
+# (batch, head) slices, picked at random after the reply, against SDPA. The largest case has 256:
+# a sixteenth of SDPA's and the comparison's work (the whole output's took about 40 ms a call on
+# an H100, three times the call: notes/throughput.md); an output wrong in a part p of its slices
+# is found in a call with chance 1 - (1 - p)^16, and every call is checked ...
+TIMING_VERIFY_HEADS = 16
+# ... and this many, picked at random after they return, with the fp32 reference and the
+# precision budget, whole.
 TIMING_SPOT_SAMPLES = 3
 # ... and every this many calls the harness lists the processes holding a CUDA context (NVML).
 TIMING_PROCESS_CHECK_EVERY = 10

@@ -14,9 +14,10 @@ it call by call over a pipe. It owns everything a call touches and everything th
   before "go" to its first GPU work after the reply (which cannot run before the subject's
   queued work on the device yields to it). The larger one counts. The median is computed here.
 - **What is checked.** Every timed call's output, as it stood when this process first touched
-  the GPU after the reply, is compared with SDPA on this process's own copy of the inputs; a
-  few calls, chosen from os.urandom after each call returned, are compared with the fp32
-  reference under the precision budget.
+  the GPU after the reply, is checked on this process's own copy of the inputs: every element
+  written, and slices picked after the reply against SDPA; a few calls, chosen from os.urandom
+  after each call returned, are compared whole with the fp32 reference under the precision
+  budget.
 - **Who used the GPU.** During the timed calls it lists the processes that hold a CUDA context
   (NVML): only one process of the submission's may.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import os
 import random
@@ -47,7 +49,7 @@ from . import config
 from .cases import Case
 from .compare import compare_outputs
 from .inputs import make_inputs, make_random_inputs
-from .procs import kill_group, read_line, spawn_capped
+from .procs import kill_group, move_to_cpus, read_line, spawn_capped
 from .reference import attention_plain_fp16, attention_reference
 from .results import RUN_PHASES
 from .shared_memory import SharedBuffer, create_buffer
@@ -283,10 +285,10 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
     link = Link(spec, buffers)
     try:
         reply = link.receive(time.monotonic() + spec["deadline_s"])
-    except SubjectGone:
-        reply = {}
+    except SubjectGone as gone:
+        reply = dict(event=gone.message)
     if reply.get("event") != "prepared":
-        _give_up(link)
+        _give_up(link, f"the subject said {clean(json.dumps(reply), 300)} instead of 'prepared'")
     ends.append(("prepare", time.monotonic()))
     try:
         os.write(ready_fd, b"prepared\n")
@@ -294,22 +296,36 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
     except OSError:
         word = ""
     if word != "run":
-        _give_up(link)
+        _give_up(link, f"the grader said {word!r} instead of 'run'")
+    take_cpus(spec, {os.getpid()} | process_tree(link.proc.pid))
     ends.append(("waiting", time.monotonic()))
     deadline = time.monotonic() + spec["deadline_s"]
     try:   # "loading" comes before any submission code: a death before it is not the submission's
         link.write(b"load\n")
         ack = link.receive(deadline)
-    except SubjectGone:
-        ack = {}
+    except SubjectGone as gone:
+        ack = dict(event=gone.message)
     if ack.get("event") != "loading":
-        _give_up(link)
+        _give_up(link, f"on its turn the subject said {clean(json.dumps(ack), 300)} instead of 'loading'")
     return link, loaded(link, spec, deadline), deadline
 
 
-def _give_up(link: Link) -> None:
-    """A run begun early ends here with no record (the pipeline runs it the usual way)."""
+def take_cpus(spec: dict, pids: set[int]) -> None:
+    """This process and `pids` onto the spec's CPUs (the GPU stages'), from the ones it was
+    started or prepared on (the builds': pipeline.take_harness), before its work begins."""
+    if spec.get("cpus"):
+        failed = move_to_cpus(pids, spec["cpus"])
+        if failed:
+            print(f"harness: {failed} threads could not be moved to CPUs {spec['cpus']}", flush=True)
+
+
+def _give_up(link: Link, why: str) -> None:
+    """A run begun early ends here with no record (the pipeline runs it anew and notes this
+    process's output, so why, with the subject's last lines)."""
     link.close()
+    tail = "\n".join(link.output().rstrip().splitlines()[-10:])
+    print(f"harness: the run begun early gives up: {why}" + (f"\nits subject's last lines:\n{tail}"
+                                                             if tail else ""), flush=True)
     sys.stdout.flush()
     os._exit(0)
 
@@ -608,7 +624,7 @@ def _calibration_calls(spec: dict, name: str) -> dict:
     link, call, failed = open_call(dict(spec, target=dict(kind="builtin", name=name)), deadline)
     if failed is not None:
         return failed
-    verify = new_verify()
+    verify, pick = new_verify(), random.Random(_urandom(16))
     try:
         # Longer than a timed loop's warm-up: one cost serves the whole run, and the first calls
         # of a run find the GPU and its clocks cold.
@@ -623,7 +639,7 @@ def _calibration_calls(spec: dict, name: str) -> dict:
             # this process's context and back, its clocks). Without it, session 9's timed calls
             # paid 0.2-0.35 ms a call more than the calibration had measured (notes/gpu_runs.md).
             # (`null` returns Q: its outputs are wrong by design; the work is what counts.)
-            verify_call(verify, i, call.snapshot, inputs, case)
+            verify_call(verify, i, call.snapshot, inputs, case, pick)
             del inputs
         link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
         rtt = round_trip_ms(link, deadline)
@@ -691,7 +707,7 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
     link, call, failed = open_call(spec, deadline, opened)
     if failed is not None:
         return failed
-    pick = random.Random(_urandom(16))        # which calls are checked in full: decided here
+    pick = random.Random(_urandom(16))   # which calls and heads are checked: decided here
     result: dict = dict(verify=new_verify())
     try:
         rtt_ms = round_trip_ms(link, deadline)
@@ -705,7 +721,7 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
             walls.append(clock.wall_ms)
             fences.append(clock.fence_ms())
             times += corrected(walls[-1:], fences[-1:], cost)
-            verify_call(result["verify"], len(walls) - 1, call.snapshot, inputs, case)
+            verify_call(result["verify"], len(walls) - 1, call.snapshot, inputs, case, pick)
             _keep_sample(samples, pick, len(walls) - 1, seed, call.snapshot, config.TIMING_SPOT_SAMPLES)
             if device == "cuda" and (len(walls) - 1) % config.TIMING_PROCESS_CHECK_EVERY == 0:
                 helpers.append(gpu_helpers(link))
@@ -832,22 +848,42 @@ def new_verify() -> dict:
     return dict(checked=0, wrong=0, first_wrong="", first_wrong_call=None)
 
 
-def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case) -> None:
-    """This call's output, as read right after its reply, against SDPA on this process's own copy
-    of the inputs. The tolerance is twice the cases': this catches stale, lazy, replayed and
-    partial outputs in every timed call; precision is the full checks' job."""
-    q, k, v = inputs
+def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case,
+                pick: random.Random, heads: int = config.TIMING_VERIFY_HEADS) -> None:
+    """This call's output, as read right after its reply, checked two ways against this
+    process's own copy of the inputs. Every element was written: O was filled with NaN before the
+    call, so an element that is not finite was not written (or is wrong). And `heads` of its
+    (batch, head) slices, picked here from `pick` (os.urandom's) after the reply, when nothing the
+    subject does can change O any more, are compared with SDPA: a subject cannot tell which will
+    be looked at, so a stale, replayed, lazy or partly computed output is found in the first
+    calls whatever part of it is wrong. The tolerance is twice the cases': precision is the full
+    checks' job (check_samples, on whole outputs)."""
+    b, h = case.shape[0], case.shape[1]
+    sample = sorted(pick.sample(range(b * h), heads)) if b * h > heads else list(range(b * h))
+    index = torch.tensor(sample, device=got.device)
+    q, k, v = (t.flatten(0, 1).index_select(0, index).unsqueeze(0) for t in inputs)
     try:
         expected = torch.nn.functional.scaled_dot_product_attention(q, k, v).float()
     except RuntimeError:
         expected = attention_reference(q, k, v)
-    finding = compare_outputs(got, expected, rtol=2 * (case.rtol or config.RTOL),
-                              atol=2 * (case.atol or config.ATOL))
+    finding = compare_outputs(got.flatten(0, 1).index_select(0, index).unsqueeze(0), expected,
+                              rtol=2 * (case.rtol or config.RTOL), atol=2 * (case.atol or config.ATOL))
+    unwritten = int(got.numel() - torch.isfinite(got).sum())
     verify["checked"] += 1
-    if not finding.ok:
-        verify["wrong"] += 1
-        if verify["first_wrong_call"] is None:
-            verify["first_wrong_call"], verify["first_wrong"] = call, finding.summary()
+    if finding.ok and not unwritten:
+        return
+    verify["wrong"] += 1
+    if verify["first_wrong_call"] is None:
+        where = [(sample[i] // h, sample[i] % h) for i in range(len(sample))]
+        first_bad = tuple(dataclasses.replace(bad, index=(*where[bad.index[1]], *bad.index[2:]))
+                          for bad in finding.first_bad)
+        text = (f"{unwritten} of {got.numel()} elements not written (still NaN, as O was filled "
+                f"before the call) or not finite\n" if unwritten else "")
+        if not finding.ok:
+            text += (f"{len(sample)} of its {b * h} (batch, head) slices, picked after the call "
+                     f"returned, compared with SDPA: "
+                     + dataclasses.replace(finding, first_bad=first_bad).summary())
+        verify["first_wrong_call"], verify["first_wrong"] = call, text.rstrip()
 
 
 def _keep_sample(samples: list, pick: random.Random, call: int, seed: int, o: torch.Tensor,
@@ -907,6 +943,8 @@ def main(argv: list[str] | None = None) -> None:
         spec = dict(json.loads(Path(line[len("spec "):]).read_text()), control=a.wait)
     else:
         spec = json.loads(a.spec.read_text())
+    if not spec.get("prepare"):   # a run begun early moves on its turn (start_prepared)
+        take_cpus(spec, {os.getpid()})
     if spec["mode"] == "run_then_time":
         run_then_time(spec)
     else:

@@ -279,7 +279,7 @@ def timing_findings(record: dict, stats, own: set[str], *, flops: int, peak_tflo
     if verify.get("wrong"):
         findings.append(TimingFinding("flagged", (
             f"timed call {verify['first_wrong_call'] + 1} returned a wrong output ({verify['wrong']} "
-            f"of {verify['checked']} timed calls, each compared with SDPA when its reply came): "
+            f"of {verify['checked']} timed calls, each checked when its reply came): "
             f"outputs cached or replayed across calls, computed later (lazily), or still being "
             f"written when the call returned.\n{verify.get('first_wrong', '')}")))
     for spot in record.get("spots", []):

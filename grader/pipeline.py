@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
 from pathlib import Path
 from typing import NamedTuple
@@ -148,14 +149,29 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
 
     Its wall time is the build's plus its own stages', not the time it waited for the GPU.
     In a GPU worker, its run may have begun during the submission before (Lookahead)."""
-    waited = time.monotonic()
+    turn = time.monotonic()
     prepared = _AHEAD.claim(sub)   # waits for its preparation to end, if it has not
-    waited = time.monotonic() - waited
     if prepared is not None:
-        with prepared.folders:
-            return _grade_built(sub, build, ctx, source, prepared.jit, prepared, waited)
+        try:
+            with prepared.folders:
+                return _grade_built(sub, build, ctx, source, prepared.jit, prepared,
+                                    time.monotonic() - turn)
+        except NotStarted as gone:   # graded anew below, in new folders, its time counted as waiting
+            tail = "\n".join(gone.output.strip().splitlines()[-15:])
+            ctx.progress.note(f"{sub.id}: its run begun early did not start; running it anew"
+                              + (f"; its harness said:\n{tail}" if tail else ""))
     with jit_cache(sub) as jit:
-        return _grade_built(sub, build, ctx, source, jit, waited_s=waited)
+        return _grade_built(sub, build, ctx, source, jit, waited_s=time.monotonic() - turn)
+
+
+class NotStarted(Exception):
+    """A run begun early (Lookahead) whose harness ended on its turn without a record: it gave
+    up (harness._give_up: its subject was gone before loading anything) or failed. Nothing of the
+    submission's ran to a result: grade_submission grades it anew, in new folders."""
+
+    def __init__(self, output: str):
+        super().__init__("a run begun early did not start")
+        self.output = output
 
 
 def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
@@ -232,9 +248,6 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
     timing, timed_case = None, None
     if status is Status.PASS and timed is not None:
         ctx.progress.stage(sub.id, "time")
-        waited = time.monotonic()
-        _AHEAD.settle()   # the next one's preparation ends before any timed call
-        clock.waited(time.monotonic() - waited)
         clock.start("time")
         timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
                                 log_name=log_id, jit=jit, stages=stages)
@@ -394,8 +407,8 @@ class StageClock:
         self._stage, self._since = "", 0.0
 
     def waited(self, seconds: float) -> None:
-        """Time in no stage: waiting for the next submission's preparation to end (Lookahead),
-        before a time stage or before a turn; "wait" in stage_s when there was any."""
+        """Time in no stage: waiting for this submission's preparation to end at its turn
+        (Lookahead); "wait" in stage_s when there was any."""
         if seconds > 0.001:
             self._seconds["wait"] = self._seconds.get("wait", 0.0) + seconds
 
@@ -528,17 +541,19 @@ HARNESS_WAITING = [sys.executable, "-m", "grader.harness", "--wait"]
 class WarmHarness:
     """A harness process started before its work is known (issue 13: its Python start and
     imports leave the GPU's critical path). It imports torch and the grader, touches no GPU and
-    waits on its control pipe; begin() gives it a spec, and it does what a harness started with
-    --spec would. The same pipes then carry run_then_time's "ran", "time" and "stop". Always
-    closed: close() ends it (its subject with it) on every path."""
+    waits on its control pipe, on the builds' CPUs, off the GPU stages' (a timed call's harness
+    and subject need theirs at once); begin() gives it a spec, and it does what a harness started
+    with --spec would, on the GPU stages' CPUs (harness.take_cpus; a run begun early moves on its
+    turn). The same pipes then carry run_then_time's "ran", "time" and "stop". Always closed:
+    close() ends it (its subject with it) on every path."""
 
-    def __init__(self, env: dict | None, cpus):
+    def __init__(self, env: dict | None, cpus: CpuSplit | None):
         ready_r, ready_w = os.pipe()
         decide_r, decide_w = os.pipe()
         try:
             self.proc, self.reader = spawn_capped(
                 [*HARNESS_WAITING, str(ready_w), str(decide_r)], env=env, cwd=config.REPO_ROOT,
-                pass_fds=(ready_w, decide_r), cpus=cpus)
+                pass_fds=(ready_w, decide_r), cpus=cpus.build if cpus else None)
         except BaseException:
             os.close(ready_r)
             os.close(decide_w)
@@ -550,10 +565,11 @@ class WarmHarness:
         self.key = _harness_key(env, cpus)
         self.closed = False
 
-    def begin(self, spec: dict, spec_path: Path) -> None:
-        """Its work: `spec` (harness_spec), written to `spec_path`. "spawned" is now: the run
-        stage's "harness" part is how long a warm harness took to take it up."""
-        spec_path.write_text(json.dumps(dict(spec, spawned=time.monotonic())))
+    def begin(self, spec: dict, spec_path: Path, cpus: CpuSplit | None = None) -> None:
+        """Its work: `spec` (harness_spec), written to `spec_path`, done on `cpus.gpu`. "spawned"
+        is now: the run stage's "harness" part is how long a warm harness took to take it up."""
+        where = dict(cpus=list(cpus.gpu)) if cpus else {}
+        spec_path.write_text(json.dumps(dict(spec, spawned=time.monotonic(), **where)))
         self.say(f"spec {spec_path}\n".encode())
 
     def said(self, timeout_s: float) -> bytes:
@@ -588,8 +604,8 @@ class WarmHarness:
             pass
 
 
-def _harness_key(env: dict | None, cpus) -> tuple:
-    return (tuple(sorted(env.items())) if env else None, tuple(sorted(cpus)) if cpus else None)
+def _harness_key(env: dict | None, cpus: CpuSplit | None) -> tuple:
+    return (tuple(sorted(env.items())) if env else None, cpus)
 
 
 class _Spare(threading.local):
@@ -601,7 +617,7 @@ class _Spare(threading.local):
 _SPARE = _Spare()
 
 
-def take_harness(env: dict | None, cpus, *, spare: bool = True) -> WarmHarness:
+def take_harness(env: dict | None, cpus: CpuSplit | None, *, spare: bool = True) -> WarmHarness:
     """A harness for the calling thread's next run stage. In a GPU worker (keep_warm), the one
     started when the worker took its last, its imports done while that one ran, if it has the
     same environment and CPUs and is alive; and another is started now for the next, unless not
@@ -628,6 +644,7 @@ def keep_warm():
     finally:
         _SPARE.keep = False
         _AHEAD.drop()
+        _AHEAD.forget()
         spare, _SPARE.harness = _SPARE.harness, None
         if spare is not None:
             spare.close()
@@ -640,12 +657,13 @@ class Stages:
     (take_harness); after the check the pipeline either times the largest case on that subject
     (time) or lets it go (close). Always closed: close() on every path, including after time()."""
 
-    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus, spare: bool = True):
+    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus: CpuSplit | None,
+                 spare: bool = True):
         self.results = Path(spec["result"]), Path(spec["time"]["result"])
         self.time_s = spec["time"]["deadline_s"] + 300
         self.harness = take_harness(env, cpus, spare=spare)
         try:
-            self.harness.begin(spec, spec_path)
+            self.harness.begin(spec, spec_path, cpus)
         except BaseException:
             self.harness.close()
             raise
@@ -673,12 +691,13 @@ class Stages:
         self.harness.close(wait_s)
 
 
-def run_once(spec: dict, spec_path: Path, *, env: dict, cpus) -> tuple[dict | None, str]:
+def run_once(spec: dict, spec_path: Path, *, env: dict, cpus: CpuSplit | None
+             ) -> tuple[dict | None, str]:
     """A harness's run of `spec` to its end, on a warm harness (take_harness): its record and
     log text; killed at the spec's deadline plus 300 s."""
     harness = take_harness(env, cpus)
     try:
-        harness.begin(spec, spec_path)
+        harness.begin(spec, spec_path, cpus)
         harness.wait(spec["deadline_s"] + 300)
     finally:
         harness.close()
@@ -701,15 +720,16 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
               prepared: "Prepared | None" = None) -> Ran:
     """Each case once, driven by the harness. With `timed` (one of `cases`), the harness stays
     with its subject for the time stage: Ran.stages, to be timed or closed; `prepared`: that
-    harness and subject, started before this submission's turn (Lookahead), told to go on now.
-    Meanwhile the worker's next submission is begun (Lookahead.begin)."""
+    harness and subject, started before this submission's turn (Lookahead), told to go on now
+    (NotStarted if its harness ends with no record). Meanwhile the worker's next submissions are
+    begun (Lookahead.begin)."""
     stages = None
     if prepared is not None:
         stages = prepared.stages
         stages.go()
     elif timed is not None and timed in cases:
         spec, spec_path = stages_spec(sub, build, cases, ctx, work, jit, timed)
-        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
+        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus)
     if stages is not None:
         try:
             _AHEAD.begin(ctx, timed)
@@ -719,13 +739,12 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
         record, output = stages.ran(ctx.limits.run_s + 300)
         if record is None and prepared is not None:   # its harness gave up (harness._give_up)
             stages.close()
-            ctx.progress.note(f"{sub.id}: its run begun early did not start; running it anew")
-            return run_cases(sub, build, cases, ctx, work, jit, timed)
+            raise NotStarted(output)
     else:
         spec, spec_path = harness_spec("run", _target(sub, build), ctx, work,
                                        folder=_folder(sub, build), deadline_s=ctx.limits.run_s,
                                        jit=jit, **_run_fields(cases, ctx))
-        record, output = run_once(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu)
+        record, output = run_once(spec, spec_path, env=ctx.env, cpus=ctx.cpus)
     if record is None:
         message = f"grader error: the harness failed; tell the instructor\n{output[-3000:]}"
         return Ran({c.id: dict(status="runtime_error", message=message) for c in cases}, output,
@@ -789,62 +808,104 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
         jit = folders.enter_context(jit_cache(sub))
         work = Path(folders.enter_context(_work_folder(sub)))
         spec, spec_path = stages_spec(sub, build, runnable, ctx, work, jit, timed, prepare=True)
-        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus.gpu, spare=False)
+        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus, spare=False)
     except BaseException:
         folders.close()
         raise
     return Prepared(sub, work, jit, stages, folders)
 
 
-class Lookahead(threading.local):
-    """A GPU worker's next submission, begun while the one before runs (issue 13). The worker
-    says which is next (queue); when a run stage starts, the next one's harness and subject are
-    started (begin: its torch import, CUDA's start and the profiler's first start, 10-15 s on an
-    H100, off the GPU's critical path). Only the grader's code and torch run in them until its
-    turn: the submission is loaded when its run stage says "run". Their GPU work is over before
-    any timed call: every time stage and calibration settles it first (settle). Its turn claims
-    it (grade_submission); one not claimed is closed with the worker."""
-    queued: tuple[Submission, BuildResult] | None = None
-    prepared: Prepared | None = None
+class Lookahead:
+    """A GPU worker's next submissions, begun while the one before runs (issue 13). The worker
+    says which come next (queue); when a run stage starts, up to config.LOOKAHEAD of them are
+    being prepared (begin): a harness and a subject each, with torch's import, CUDA's start, the
+    shared buffers and the profiler's first start (10-15 s on an H100), on the builds' CPUs, off
+    the GPU's critical path. Only the grader's code and torch run in them until their turn: a
+    submission is loaded when its run stage says "run", and its processes move to the GPU
+    stages' CPUs then. They may start CUDA while another submission's call is timed: that moved
+    no timed call (bench/prepare_overlap_probe.json: medians within 0.3%). A turn claims its run
+    (grade_submission), waiting for its preparation to end; what is not claimed is closed with
+    the worker. One per GPU worker (_AHEAD: PerThread)."""
 
-    def queue(self, job) -> None:
-        """The worker's next job (or None): a submission's, its build passed, may be begun."""
-        what, _, sub, build = job if job is not None else (None, None, None, None)
-        self.queued = (sub, build) if what == "submission" and build.status is Status.PASS else None
+    def __init__(self):
+        self.queued: list[tuple[Submission, BuildResult]] = []   # to begin, in order
+        self.prepared: list[Prepared] = []                       # begun, in order
+
+    def queue(self, jobs: list) -> None:
+        """The worker's next jobs, in order: the submissions' whose build passed may be begun."""
+        begun = {id(p.sub) for p in self.prepared}
+        self.queued = [(sub, build) for what, _, sub, build in jobs
+                       if what == "submission" and build.status is Status.PASS
+                       and id(sub) not in begun]
 
     def begin(self, ctx: GradeContext, timed: Case | None) -> None:
-        if self.queued is None or self.prepared is not None or timed is None:
-            return
-        (sub, build), self.queued = self.queued, None
-        try:
-            self.prepared = prepare(sub, build, ctx, timed)
-        except Cancelled:
-            raise
-        except Exception as e:   # never the running submission's problem: the next runs as usual
-            ctx.progress.note(f"{sub.id}: could not begin its run early ({e!r})")
+        while timed is not None and self.queued and len(self.prepared) < config.LOOKAHEAD:
+            sub, build = self.queued.pop(0)
+            try:
+                prepared = prepare(sub, build, ctx, timed)
+            except Cancelled:
+                raise
+            except Exception as e:   # never the running submission's problem: it runs as usual
+                ctx.progress.note(f"{sub.id}: could not begin its run early ({e!r})")
+                continue
+            if prepared is not None:
+                self.prepared.append(prepared)
 
     def settle(self) -> None:
-        if self.prepared is not None:
-            self.prepared.settle()
+        for prepared in self.prepared:
+            prepared.settle()
 
     def claim(self, sub: Submission) -> Prepared | None:
-        """The prepared run of `sub`, if this worker began one and it got ready; else None (and
-        any other begun run closed)."""
-        got, self.prepared = self.prepared, None
-        if got is not None and got.sub is sub and got.settle() and got.stages.harness.proc.poll() is None:
-            return got
-        if got is not None:
-            got.close()
+        """The prepared run of `sub`, once its preparation has ended, if this worker began one
+        and it got ready; else None. Runs begun for submissions queued before it are closed (their
+        turn is past); those after it stay."""
+        for i, got in enumerate(self.prepared):
+            if got.sub is sub:
+                skipped, self.prepared = self.prepared[:i], self.prepared[i + 1:]
+                for other in skipped:
+                    other.close()
+                if got.settle() and got.stages.harness.proc.poll() is None:
+                    return got
+                got.close()
+                return None
         return None
 
     def drop(self) -> None:
-        self.queued = None
-        got, self.prepared = self.prepared, None
-        if got is not None:
+        self.queued = []
+        begun, self.prepared = self.prepared, []
+        for got in begun:
             got.close()
 
 
-_AHEAD = Lookahead()
+class PerThread:
+    """One object per thread, made on first use, held in a plain dict keyed by the thread rather
+    than in threading.local. procs.spawn_capped starts every child with a preexec_fn, so Python
+    runs in the child after fork, and there the other threads' thread-local data is freed: what
+    only it holds is deallocated and its finalizers run, in the child but on the shared disk. A
+    GPU worker's runs begun early, held in a threading.local, lost their folders that way
+    (TemporaryDirectory's finalizer removed them) whenever a build thread started a process:
+    6 of 9 in session 14's course, each then a grader error. Attributes are the calling thread's
+    object's; forget() lets the calling thread's go (at the worker's end)."""
+
+    def __init__(self, make):
+        self._make, self._objects, self._lock = make, {}, threading.Lock()
+
+    def mine(self):
+        with self._lock:
+            key = threading.get_ident()
+            if key not in self._objects:
+                self._objects[key] = self._make()
+            return self._objects[key]
+
+    def forget(self) -> None:
+        with self._lock:
+            self._objects.pop(threading.get_ident(), None)
+
+    def __getattr__(self, name: str):
+        return getattr(self.mine(), name)
+
+
+_AHEAD = PerThread(Lookahead)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -867,7 +928,6 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
     """Timing statistics of one case, measured by the harness (on the run stage's subject when
     `stages` are given, else on a new one); or (status, message) if the subject failed while
     being timed."""
-    _AHEAD.settle()   # no other process of this run does GPU work while a call is timed
     if stages is not None:
         record, output = stages.time()
     else:
@@ -1183,12 +1243,16 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             try:
                 if graded:   # while the first builds compile
                     worker = dataclasses.replace(worker, protocol=calibrate_protocol(worker, reuse=reused))
-                job = jobs.take(slot)
+                job, ahead = jobs.take(slot), deque()
                 while job is not None:
-                    upcoming = jobs.take(slot, wait=False)   # begun while this one runs
-                    _AHEAD.queue(upcoming)
+                    while len(ahead) < config.LOOKAHEAD:   # begun while this one runs
+                        upcoming = jobs.take(slot, wait=False)
+                        if upcoming is None:
+                            break
+                        ahead.append(upcoming)
+                    _AHEAD.queue(list(ahead))
                     grade_job(job, worker)
-                    job = upcoming if upcoming is not None and not jobs.stopped else jobs.take(slot)
+                    job = ahead.popleft() if ahead and not jobs.stopped else jobs.take(slot)
             except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
                 errors.append(e)
                 jobs.stop()
@@ -1205,6 +1269,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
         except (GpuUnhealthy, Cancelled):
             raise
         except Exception as e:   # a grader bug: this submission's result says so, then go on
+            worker.progress.note(f"{sub.id}: grader error\n{traceback.format_exc(limit=12)}")
             result = SubmissionResult(id=sub.id, label=_label(sub), kind=sub.kind.value,
                                       role=sub.role.value, status=Status.RUNTIME_ERROR,
                                       message=f"grader error: {e!r}; tell the instructor",

@@ -111,6 +111,24 @@ class CpuSplit:
         return f"GPU stages share CPUs {_cpu_list(self.gpu)} with the builds (none reserved)"
 
 
+def move_to_cpus(pids: Iterable[int], cpus: Iterable[int]) -> int:
+    """Every thread of each process of `pids` allowed only `cpus` from now on (a run begun on the
+    builds' CPUs moves to the GPU stages' at its turn: pipeline.Lookahead); threads they start
+    later inherit it. Returns how many threads could not be moved (gone, or not this user's)."""
+    pin, failed = frozenset(cpus), 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                os.sched_setaffinity(int(task), pin)
+            except (OSError, ValueError):
+                failed += 1
+    return failed
+
+
 class _GpuWorkers(threading.local):
     """How many GPU workers the run has (one per GPU: grader/pipeline.py), and which of them the
     calling thread is: the callers that ask split_cpus for `.gpu` or `.build` without saying

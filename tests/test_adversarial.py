@@ -157,6 +157,8 @@ def test_adversarial_on_the_gpu(tmp_path):
     # the verdicts above hold with runs begun early (pipeline.Lookahead): some were
     begun_early = [n for n, r in results.items() if "run.load" in dict(r.get("stage_s") or ())]
     assert begun_early, "no run was begun before its turn (pipeline.Lookahead)"
+    said = proc.stdout + proc.stderr   # and none of them failed on its turn (pipeline.NotStarted)
+    assert "did not start" not in said, said[said.find("did not start") - 300:][:4000]
     assert "returned a wrong output" in results["cache_by_ptr_py"]["message"]
     assert "flash" in results["lib_timed_only_py"]["message"].lower()
     assert "unaccounted for" in results["lib_timed_only_py"]["message"]

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import contextlib
 import dataclasses
 import io
 import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -239,7 +241,8 @@ class Recorder:
 
     def grade_submission(self, sub, build, ctx, source=""):
         queued = pipeline._AHEAD.queued   # the worker's next (Lookahead), as run_cases sees it
-        self.next_of[sub.id] = queued[0].id if queued else None
+        self.next_of[sub.id] = queued[0][0].id if queued else None
+        self.most_queued = max(getattr(self, "most_queued", 0), len(queued))
         self.run(sub.id, ctx, sub.role.value)
         return SubmissionResult(id=sub.id, label=sub.id, kind=sub.kind.value, role=sub.role.value,
                                 status=Status.PASS, message="ok", timing=_timing(10.0 + ctx.slot),
@@ -355,72 +358,134 @@ def test_a_worker_knows_its_next_submission_while_it_grades_one(course):
     told = course.recorder.next_of
     assert sorted(told) == sorted(s.id for s in course.subs)   # each graded once
     assert any(told.values())                                  # it had one queued, mostly
+    assert course.recorder.most_queued == config.LOOKAHEAD     # and at times more than one
     for graded, following in zip(order, order[1:] + [None]):
         if told.get(graded):
             assert told[graded] == following, (graded, told[graded], following)
 
 
-def test_the_next_submission_is_prepared_claimed_and_timed_on_its_own_subject(
-        tmp_path, make_submission, monkeypatch):
-    """Lookahead on the CPU, with real harness and subject processes: begun while another runs
-    (begin), settled before any timing (time_target), claimed on its turn, run and timed on the
-    subject it prepared; a prepared run that another submission claims is closed; the worker's
-    end closes what is left."""
+def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjects(
+        tmp_path, make_submission):
+    """Lookahead on the CPU, with real harness and subject processes: up to config.LOOKAHEAD
+    begun while another runs (begin), no time stage waits for them (they load no submission
+    code), each claimed on its turn, run and timed on the subject it prepared; a turn that
+    comes after a run begun for an earlier one closes that one; the worker's end closes what is
+    left."""
     case = Case(1, 2, 16, 64, seed=3)
     cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu", index=None, uuid="", l2_bytes=1 << 20)
     ctx = dataclasses.replace(_ctx(tmp_path, case, [cpu]), sandbox=Sandbox(None, "off in this test"))
     source = "import os\nprint('subject pid', os.getpid(), flush=True)\ndef custom_kernel(data):\n    return data[2].clone()\n"
-    subs = [inspect_folder(make_submission(name, source)) for name in ("next", "other")]
+    subs = [inspect_folder(make_submission(name, source)) for name in ("next", "other", "third")]
     built = BuildResult(Status.PASS, "import", 0.1)
-    settled = []
-    real_settle = pipeline.Prepared.settle
-    monkeypatch.setattr(pipeline.Prepared, "settle",
-                        lambda self, timeout_s=60: settled.append(self.sub.id) or real_settle(self, timeout_s))
+    job = lambda sub, build=built: ("submission", None, sub, build)
     with pipeline.keep_warm():
         ahead = pipeline._AHEAD
-        ahead.queue(("baseline", None, None, None))
-        assert ahead.queued is None                  # only a submission's run is begun early
-        ahead.queue(("submission", None, subs[0], BuildResult(Status.BUILD_ERROR, "import", 0.1)))
-        assert ahead.queued is None                  # nor one whose build failed
-        ahead.queue(("submission", None, subs[0], built))
+        ahead.queue([("baseline", None, None, None),
+                     job(subs[0], BuildResult(Status.BUILD_ERROR, "import", 0.1))])
+        assert ahead.queued == []       # only a submission's run is begun early, its build passed
+        ahead.queue([job(s) for s in subs])
         ahead.begin(ctx, case)
-        prepared = ahead.prepared
-        assert prepared is not None and prepared.sub is subs[0] and ahead.queued is None
-        with pytest.raises(_Timing):   # time_target settles it before any timed call
-            pipeline.time_target({}, case, ctx, folder=[], stages=_NoTiming(settled))
-        assert prepared.ready
+        assert [p.sub for p in ahead.prepared] == subs[:config.LOOKAHEAD] == subs[:2]
+        assert ahead.queued == [(subs[2], built)]
+        ahead.queue([job(s) for s in subs[1:]])   # subs[0]'s turn came: not begun again
+        assert ahead.queued == [(subs[2], built)]
         got = ahead.claim(subs[0])
-        assert got is prepared and ahead.prepared is None
+        assert got is not None and got.ready and [p.sub for p in ahead.prepared] == [subs[1]]
         with got.folders:
             ran = pipeline.run_cases(subs[0], built, [case], ctx, got.work, got.jit, case, got)
             assert ran.runs[case.id]["status"] == "pass", ran.output
             assert ran.stages is got.stages and ran.phases_s["load"] >= 0
+            assert [p.sub for p in ahead.prepared] == subs[1:]   # the third begun in its run
             timed = pipeline.time_target({}, case, ctx, folder=[], stages=ran.stages)
             assert isinstance(timed, pipeline.TimedRun) and timed.stats.n >= 2
         run_pid = [l for l in ran.output.splitlines() if l.startswith("subject pid")]
         time_pid = [l for l in timed.record["output"].splitlines() if l.startswith("subject pid")]
-        assert run_pid and set(run_pid) == set(time_pid)   # one subject for both stages
-        ahead.queue(("submission", None, subs[0], built))
-        ahead.begin(ctx, case)
-        stale = ahead.prepared
-        assert ahead.claim(subs[1]) is None and stale.stages.harness.closed   # not its turn
+        assert len(set(run_pid + time_pid)) == 1   # one subject for both stages
+        skipped = ahead.prepared[0]
+        dying = ahead.claim(subs[2])     # subs[1]'s turn is past: its run is closed
+        assert skipped.stages.harness.closed and ahead.prepared == []
+        assert ahead.claim(subs[1]) is None
         # a prepared subject that died while it waited: the run starts anew, the usual way
-        ahead.queue(("submission", None, subs[1], built))
-        ahead.begin(ctx, case)
-        dying = ahead.claim(subs[1])
         assert dying is not None and dying.ready
         harness_pid = dying.stages.harness.proc.pid
         for pid in harness.process_tree(harness_pid) - {harness_pid}:
             os.kill(pid, signal.SIGKILL)
-        with dying.folders:
-            ran = pipeline.run_cases(subs[1], built, [case], ctx, dying.work, dying.jit, case, dying)
-            assert ran.runs[case.id]["status"] == "pass", ran.output
-            assert ran.stages is not dying.stages and "load" not in ran.phases_s
-            ran.stages.close()
-        ahead.queue(("submission", None, subs[1], built))
+        with dying.folders, pytest.raises(pipeline.NotStarted):   # grade_submission: anew
+            pipeline.run_cases(subs[2], built, [case], ctx, dying.work, dying.jit, case, dying)
+        assert dying.stages.harness.closed
+        ahead.queue([job(subs[1])])
         ahead.begin(ctx, case)
         left = ahead.prepared
-    assert left.stages.harness.closed and pipeline._AHEAD.prepared is None   # the worker ended
+    assert left and all(p.stages.harness.closed for p in left)   # the worker ended
+    assert pipeline._AHEAD.prepared == []
+
+
+def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes(
+        tmp_path, make_submission):
+    """Session 14's 100-copy course: 6 of 9 runs begun early failed on their turn, their work
+    folders gone. A child started with a preexec_fn (procs.spawn_capped: every build, harness
+    and checker) runs Python after fork, where the other threads' thread-local data is freed: a
+    preparation held only there had its folders' finalizers (TemporaryDirectory) run in the
+    child, which removed them from under the run. The worker's preparations are held where a
+    fork leaves them alone."""
+    case = Case(1, 2, 16, 64, seed=3)
+    cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu", index=None, uuid="", l2_bytes=1 << 20)
+    ctx = dataclasses.replace(_ctx(tmp_path, case, [cpu]), sandbox=Sandbox(None, "off in this test"))
+    sub = inspect_folder(make_submission("kept", "def custom_kernel(data):\n    return data[2].clone()\n"))
+    begun, forked, seen = threading.Event(), threading.Event(), {}
+
+    def worker():
+        with pipeline.keep_warm():
+            pipeline._AHEAD.queue([("submission", None, sub, BuildResult(Status.PASS, "import", 0.1))])
+            pipeline._AHEAD.begin(ctx, case)
+            folders = [(p.work, p.jit) for p in pipeline._AHEAD.prepared]
+            begun.set()
+            forked.wait(60)
+            seen["folders"] = [(w.is_dir(), j.is_dir()) for w, j in folders]
+            got = pipeline._AHEAD.claim(sub)
+            seen["claimed"] = got is not None
+            if got is not None:
+                got.close()
+
+    thread = threading.Thread(target=worker, name="gpu-worker-0")
+    thread.start()
+    assert begun.wait(60)
+    for _ in range(3):   # as a build thread does, beside the worker
+        assert procs.run_limited([sys.executable, "-c", "pass"], timeout_s=60).ok
+    forked.set()
+    thread.join(120)
+    assert seen == dict(folders=[(True, True)], claimed=True)
+
+
+def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
+        tmp_path, make_submission, monkeypatch):
+    """A prepared run whose harness ends on its turn with no record (its subject died while it
+    waited, or the harness failed) is no grader error: the submission is graded again from the
+    start, in new folders (the prepared ones go), the lost time counted as waiting, and the
+    harness's last words noted for the instructor."""
+    stream = io.StringIO()
+    case = Case(1, 2, 16, 64, seed=3)
+    ctx = _ctx(tmp_path, case, [gpu(0)], stream=stream)
+    sub = inspect_folder(make_submission("again", "def custom_kernel(data):\n    return data[2]\n"))
+    folders, removed = contextlib.ExitStack(), []
+    folders.callback(lambda: removed.append(True))
+    prepared = pipeline.Prepared(sub, tmp_path / "work", tmp_path / "jit", stages=None, folders=folders)
+    monkeypatch.setattr(pipeline.Lookahead, "claim", lambda self, s: prepared if s is sub else None)
+    calls = []
+
+    def graded(sub_, build, ctx_, source, jit, prepared_=None, waited_s=0.0):
+        calls.append((jit, prepared_, waited_s))
+        if prepared_ is not None:
+            time.sleep(0.2)
+            raise pipeline.NotStarted("Traceback (most recent call last):\nOSError: the reason")
+        return "graded anew"
+
+    monkeypatch.setattr(pipeline, "_grade_built", graded)
+    assert pipeline.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded anew"
+    assert [c[1] for c in calls] == [prepared, None] and removed == [True]
+    assert calls[1][0] is not None and calls[1][0] != prepared.jit and calls[1][2] >= 0.2
+    assert "again: its run begun early did not start; running it anew" in stream.getvalue()
+    assert "OSError: the reason" in stream.getvalue()
 
 
 def test_a_worker_takes_its_next_job_early_only_when_no_other_worker_waits():
@@ -445,21 +510,6 @@ def test_a_worker_takes_its_next_job_early_only_when_no_other_worker_waits():
     assert jobs.take(0, wait=False) == "mine"    # a job pinned to this worker is its own
     jobs.stop()
     assert jobs.take(0, wait=False) is None
-
-
-class _Timing(Exception):
-    pass
-
-
-class _NoTiming:
-    """Stages whose time stage only checks that the next run's preparation had been settled."""
-
-    def __init__(self, settled: list):
-        self.settled = settled
-
-    def time(self):
-        assert self.settled == ["next"]
-        raise _Timing
 
 
 def test_one_gpu_runs_as_before(course):
