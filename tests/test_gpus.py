@@ -453,7 +453,7 @@ def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes
     for _ in range(3):   # as a build thread does, beside the worker
         assert procs.run_limited([sys.executable, "-c", "pass"], timeout_s=60).ok
     forked.set()
-    thread.join(120)
+    thread.join(300)
     assert seen == dict(folders=[(True, True)], claimed=True)
 
 
