@@ -457,6 +457,50 @@ def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes
     assert seen == dict(folders=[(True, True)], claimed=True)
 
 
+def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(
+        tmp_path, monkeypatch, capsys):
+    """The real `grade` (builds in threads, the GPU worker, runs begun early, the warm checker,
+    time stages) with a GPU's flow driven on the CPU: a fake CUDA device whose processes run on
+    the CPU, the GPU stages' CPUs apart from the builds'. Builds go on while the first runs are
+    begun early, as in a course; session 14's lost folders showed here as grader errors. Every
+    submission is run, checked and timed, and all but the first two runs (graded before any
+    build was ready to begin) are begun early."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        pytest.skip("needs two CPUs")
+    from grader import __main__ as main_mod, timing
+    course = tmp_path / "course"
+    for i in range(8):
+        (course / f"t{i}").mkdir(parents=True)
+        (course / f"t{i}" / "submission.py").write_text(
+            "import torch\ndef custom_kernel(data):\n    q, k, v = data\n    return torch.nn."
+            f"functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()\n# {i}\n")
+    cases = tmp_path / "cases.txt"
+    cases.write_text("batch_size: 1; num_heads: 2; seq_len: 16; head_dim: 64; seed: 1\n"
+                     "batch_size: 1; num_heads: 2; seq_len: 40; head_dim: 64; seed: 2\n")
+    split = procs.CpuSplit(gpu=(mine[-1],), build=tuple(mine[:-1]))
+    monkeypatch.setattr(main_mod, "detect_gpus", lambda wanted=None, force_cpu=False: [gpu(0)])
+    monkeypatch.setattr(pipeline.GradeContext, "device_name", property(lambda self: "cpu"))
+    monkeypatch.setattr(pipeline.GradeContext, "env", property(lambda self: procs.child_env(cuda=False)))
+    monkeypatch.setattr(pipeline.GradeContext, "cpus", property(lambda self: split))
+    monkeypatch.setattr(pipeline, "calibrate_protocol", lambda ctx, reuse=False: timing.ProtocolCost())
+    monkeypatch.setattr(pipeline, "ensure_gpu_healthy", lambda ctx, tries=2: pipeline._AHEAD.drop())
+    if not Sandbox.probe(**sandbox_mod.default_layout(), mode="auto").active:
+        monkeypatch.setenv("GRADER_SANDBOX", "off")
+    out = tmp_path / "results"
+    code = main_mod.main(["grade", str(course), "--out", str(out), "--build-dir", str(tmp_path / "build"),
+                          "--cases", str(cases), "--no-hidden", "--no-baselines", "--no-solution",
+                          "--calibration"])
+    said = "".join(capsys.readouterr())
+    assert code == 0, said[-3000:]
+    assert "did not start" not in said and "grader error" not in said, said[-4000:]
+    results = {p.stem: json.loads(p.read_text()) for p in out.glob("t*.json")}
+    # on the CPU no kernel explains the timed calls' time: flagged when it is above the allowance
+    assert len(results) == 8 and {r["status"] for r in results.values()} <= {"pass", "flagged"}, said[-3000:]
+    begun = sorted(n for n, r in results.items() if "run.load" in (r.get("stage_s") or {}))
+    assert len(begun) >= 6, (begun, said[-3000:])
+
+
 def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
         tmp_path, make_submission, monkeypatch):
     """A prepared run whose harness ends on its turn with no record (its subject died while it
