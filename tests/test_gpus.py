@@ -457,18 +457,14 @@ def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes
     assert seen == dict(folders=[(True, True)], claimed=True)
 
 
-def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(
-        tmp_path, monkeypatch, capsys):
+def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(tmp_path):
     """The real `grade` (builds in threads, the GPU worker, runs begun early, the warm checker,
-    time stages) with a GPU's flow driven on the CPU: a fake CUDA device whose processes run on
-    the CPU, the GPU stages' CPUs apart from the builds'. Builds go on while the first runs are
-    begun early, as in a course; session 14's lost folders showed here as grader errors. Every
-    submission is run, checked and timed, and all but the first two runs (graded before any
-    build was ready to begin) are begun early."""
-    mine = sorted(os.sched_getaffinity(0))
-    if len(mine) < 2:
+    time stages) with a GPU's flow driven on the CPU (tests/gpu_flow_on_cpu.py): builds go on
+    while the first runs are begun early, as in a course; session 14's lost folders showed here
+    as grader errors. Every submission is run, checked and timed, and all but the first two runs
+    (graded before any build was ready to begin) are begun early."""
+    if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs")
-    from grader import __main__ as main_mod, timing
     course = tmp_path / "course"
     for i in range(8):
         (course / f"t{i}").mkdir(parents=True)
@@ -478,21 +474,17 @@ def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(
     cases = tmp_path / "cases.txt"
     cases.write_text("batch_size: 1; num_heads: 2; seq_len: 16; head_dim: 64; seed: 1\n"
                      "batch_size: 1; num_heads: 2; seq_len: 40; head_dim: 64; seed: 2\n")
-    split = procs.CpuSplit(gpu=(mine[-1],), build=tuple(mine[:-1]))
-    monkeypatch.setattr(main_mod, "detect_gpus", lambda wanted=None, force_cpu=False: [gpu(0)])
-    monkeypatch.setattr(pipeline.GradeContext, "device_name", property(lambda self: "cpu"))
-    monkeypatch.setattr(pipeline.GradeContext, "env", property(lambda self: procs.child_env(cuda=False)))
-    monkeypatch.setattr(pipeline.GradeContext, "cpus", property(lambda self: split))
-    monkeypatch.setattr(pipeline, "calibrate_protocol", lambda ctx, reuse=False: timing.ProtocolCost())
-    monkeypatch.setattr(pipeline, "ensure_gpu_healthy", lambda ctx, tries=2: pipeline._AHEAD.drop())
+    env = dict(os.environ)
     if not Sandbox.probe(**sandbox_mod.default_layout(), mode="auto").active:
-        monkeypatch.setenv("GRADER_SANDBOX", "off")
+        env["GRADER_SANDBOX"] = "off"
     out = tmp_path / "results"
-    code = main_mod.main(["grade", str(course), "--out", str(out), "--build-dir", str(tmp_path / "build"),
-                          "--cases", str(cases), "--no-hidden", "--no-baselines", "--no-solution",
-                          "--calibration"])
-    said = "".join(capsys.readouterr())
-    assert code == 0, said[-3000:]
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "gpu_flow_on_cpu.py"), "grade", str(course),
+         "--out", str(out), "--build-dir", str(tmp_path / "build"), "--cases", str(cases),
+         "--no-hidden", "--no-baselines", "--no-solution", "--calibration"],
+        capture_output=True, text=True, timeout=1200, env=env, cwd=config.REPO_ROOT)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
     assert "did not start" not in said and "grader error" not in said, said[-4000:]
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("t*.json")}
     # on the CPU no kernel explains the timed calls' time: flagged when it is above the allowance

@@ -1,0 +1,39 @@
+"""`python -m grader` with a GPU's flow driven on the CPU, for tests/test_gpus.py: a fake CUDA
+device (so runs are begun early, checked and timed as on a GPU) whose processes run on the CPU,
+the last CPU for the GPU stages and the others for the builds. The protocol is not calibrated
+and no health probe runs. Its own process: nothing of it stays in the test's.
+
+    python tests/gpu_flow_on_cpu.py grade FOLDER --out ... (the grader's arguments)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from grader import __main__ as main_mod, pipeline, procs, timing  # noqa: E402
+from grader.device import DeviceInfo  # noqa: E402
+
+FAKE = DeviceInfo(cuda=True, name="NVIDIA H200", capability=(9, 0), arch="90a", l2_bytes=1 << 20,
+                  memory_bytes=0, sm_count=132, driver="580", torch_version="x", cuda_version="13.0",
+                  nvcc=None, python="3", matmul_tflops=700.0, index=0,
+                  uuid="GPU-00000000-aaaa-bbbb-cccc-dddddddddddd")
+
+
+def main() -> int:
+    mine = sorted(os.sched_getaffinity(0))
+    split = procs.CpuSplit(gpu=(mine[-1],), build=tuple(mine[:-1]) or (mine[-1],))
+    main_mod.detect_gpus = lambda wanted=None, force_cpu=False: [FAKE]
+    pipeline.GradeContext.device_name = property(lambda self: "cpu")
+    pipeline.GradeContext.env = property(lambda self: procs.child_env(cuda=False))
+    pipeline.GradeContext.cpus = property(lambda self: split)
+    pipeline.calibrate_protocol = lambda ctx, reuse=False: timing.ProtocolCost()
+    pipeline.ensure_gpu_healthy = lambda ctx, tries=2: pipeline._AHEAD.drop()
+    return main_mod.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
