@@ -13,20 +13,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grader import __main__ as main_mod, pipeline, procs, timing  # noqa: E402
-from grader.device import DeviceInfo  # noqa: E402
-
-FAKE = DeviceInfo(cuda=True, name="NVIDIA H200", capability=(9, 0), arch="90a", l2_bytes=1 << 20,
-                  memory_bytes=0, sm_count=132, driver="580", torch_version="x", cuda_version="13.0",
-                  nvcc=None, python="3", matmul_tflops=700.0, index=0,
-                  uuid="GPU-00000000-aaaa-bbbb-cccc-dddddddddddd")
+from test_gpus import gpu  # noqa: E402   the tests' fake GPU
 
 
 def main() -> int:
     mine = sorted(os.sched_getaffinity(0))
     split = procs.CpuSplit(gpu=(mine[-1],), build=tuple(mine[:-1]) or (mine[-1],))
-    main_mod.detect_gpus = lambda wanted=None, force_cpu=False: [FAKE]
+    main_mod.detect_gpus = lambda wanted=None, force_cpu=False: [gpu(0)]
     pipeline.GradeContext.device_name = property(lambda self: "cpu")
     pipeline.GradeContext.env = property(lambda self: procs.child_env(cuda=False))
     pipeline.GradeContext.cpus = property(lambda self: split)
