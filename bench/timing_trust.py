@@ -13,12 +13,16 @@
 
     python bench/timing_trust.py        # on the GPU machine; writes bench/timing_trust.json
     python bench/timing_trust.py --no-in-process    # without the in-process context figures
+
+It grades on one GPU (TRUST_GPU, default 0), on a host with several too: every figure compares
+rows of one GPU, and on several GPUs the two copies of one kernel could be timed on two of them.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -49,7 +53,7 @@ def main() -> int:
     out = WORK / "results"
     proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(subs), "--out", str(out),
                            "--build-dir", str(WORK / "build"), "--no-solution", "--no-hidden",
-                           "--calibration"], cwd=ROOT)
+                           "--calibration", "--gpus", os.environ.get("TRUST_GPU", "0")], cwd=ROOT)
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if not p.name.startswith("_")}
     flash = json.loads((out / "baselines" / "sdpa_flash.json").read_text())
     run = json.loads((out / "_run.json").read_text())
@@ -58,6 +62,7 @@ def main() -> int:
     same = abs(med["same_kernel_a"] / med["same_kernel_b"] - 1)
     calib = abs(med["sdpa_flash_wrapper"] / med["sdpa_flash (baseline row)"] - 1)
     figures = dict(device=run["device"]["name"], driver=run["device"].get("driver"),
+                   gpu=os.environ.get("TRUST_GPU", "0"), uuid=run["device"].get("uuid"),
                    date=datetime.date.today().isoformat(), timed_case=run["timed_case"],
                    medians_ms=med, same_kernel_difference=same, calibration_difference=calib,
                    same_kernel_ok=same < 0.01, calibration_ok=calib < 0.02,

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import warnings
 from pathlib import Path
 
 from . import config
@@ -282,10 +283,11 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
         cmd = [sys.executable, "-m", "grader.build", mode, str(sub.source), "--name",
                sub.module_name, "--build-dir", str(build_dir), "--arch", device.arch,
                "--nvcc", device.nvcc]
+    # No GPU at all: a build runs beside other submissions' timed calls (a Python submission's
+    # import runs its code), and a compile needs none (the architecture is given).
     env = child_env(cuda=device.cuda)
-    if sub.kind is Kind.PYTHON:   # imported beside other submissions' timed calls: no GPU at all
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        sandbox = sandbox.without_gpus() if sandbox is not None else None
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    sandbox = sandbox.without_gpus() if sandbox is not None else None
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
         cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path])
     proc = run_limited(cmd, timeout_s=timeout, env=env, cwd=sub.path,
@@ -375,8 +377,21 @@ def _cuda_home_include() -> list[str]:
 
 
 def _first_error(log: str) -> str:
-    """The first compiler error: the line a student should read first."""
-    return next((l for l in log.splitlines() if re.search(r"\berror\b", l, re.I)), "")
+    """The first compiler error: the line a student should read first. A compiler's diagnostic
+    ("error:", "error #20-D:") comes before any other line that says error, and a line of a
+    warning never is one (torch's "CUDA initialization: Unexpected error" warning came first in
+    the build log of session 15's GPU course)."""
+    lines = [l for l in log.splitlines() if not _A_WARNING.search(l)]
+    for pattern in (_DIAGNOSTIC, _ANY_ERROR):
+        found = next((l for l in lines if pattern.search(l)), None)
+        if found is not None:
+            return found
+    return ""
+
+
+_DIAGNOSTIC = re.compile(r"\berror\b( #[\w-]+)?\s*:", re.I)
+_ANY_ERROR = re.compile(r"\berror\b", re.I)
+_A_WARNING = re.compile(r"\w*Warning:|\bwarning( #[\w-]+)?\s*:", re.I)
 
 
 _CUDA_LOC = re.compile(r"\S*cuda\.cu\((\d+)\)")        # nvcc:  .../cuda.cu(45): error: ...
@@ -637,6 +652,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cuda-flag", action="append", default=[],
                    help="extra nvcc flag for 'extension' builds (benchmarks: -DNAME=VALUE, -Xptxas=-v)")
     a = p.parse_args(argv)
+    # torch asks for the GPUs when the extension builder loads, and a build has none (its address
+    # space is capped, its sandbox has no GPU): its warning is not the student's error.
+    warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
     if a.mode == "extension":
         build_extension(a.source, a.name, a.build_dir, a.arch, a.cuda_flag)
     else:

@@ -32,7 +32,7 @@ from .integrity import (TimingFinding, classify_launched, own_kernel_names, stat
                         tampering_lines, timing_findings)
 from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, default_build_jobs,
                     gpu_worker, kill_group, run_limited, set_gpu_workers, spawn_capped,
-                    split_cpus)
+                    split_cpus, stopping)
 from .progress import Progress
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
@@ -739,6 +739,8 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
         record, output = stages.ran(ctx.limits.run_s + 300)
         if record is None and prepared is not None:   # its harness gave up (harness._give_up)
             stages.close()
+            if stopping():   # killed by the run's stop: not graded, and not started anew
+                raise Cancelled("the run is stopping: a run begun early was stopped")
             raise NotStarted(output)
     else:
         spec, spec_path = harness_spec("run", _target(sub, build), ctx, work,

@@ -75,6 +75,11 @@ def cancel_all() -> int:
     return len(pids)
 
 
+def stopping() -> bool:
+    """Whether the run is stopping (cancel_all): a child that ended now was most likely killed."""
+    return CHILDREN.cancelled.is_set()
+
+
 def start_run(token: str, watch: Callable[[str, int], None] | None = None) -> None:
     """A new run: children may start again, carry `token` in RUN_TOKEN_ENV, and are reported to
     `watch` as they start and end."""

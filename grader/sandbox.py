@@ -78,8 +78,9 @@ class Sandbox:
         return self if minor is None else dataclasses.replace(self, gpu_nodes=(f"/dev/nvidia{minor}",))
 
     def without_gpus(self) -> "Sandbox":
-        """This sandbox with no GPU's node at all (a Python submission's import check, which
-        runs while other submissions are timed: it must not load their GPUs)."""
+        """This sandbox with no GPU's node at all (a build: a CUDA compile or a Python
+        submission's import check, which runs while other submissions are timed and must not
+        load their GPUs)."""
         return dataclasses.replace(self, gpu_nodes=())
 
     def device_nodes(self) -> list[str]:

@@ -3,6 +3,8 @@ import pytest
 from grader import build, config
 from grader.build import build_submission, relevant_log
 from grader.device import DeviceInfo
+from grader import sandbox as sandbox_mod
+from grader.sandbox import Sandbox
 from grader.status import Status
 from grader.submission import inspect_folder
 
@@ -21,6 +23,46 @@ def test_compiler_output_is_mapped_back_to_the_students_lines():
     assert text.splitlines()[0] == 'submission.cu:42: error: identifier "m_nwe" is undefined'
     assert "m_i = m_nwe;" in text
     assert "submission.cu:9:7: warning" in relevant_log(log, errors_only=True)
+
+
+def test_a_failed_compile_names_the_compiler_s_error_not_a_warning_before_it():
+    # Session 15's GPU course: torch's warning about the GPUs came first in a failed build's log,
+    # and "compile failed: ... UserWarning: CUDA initialization: Unexpected error from
+    # cudaGetDeviceCount() ... out of memory" was the whole message a student read.
+    log = ("/opt/venv/torch/cuda/__init__.py:180: UserWarning: CUDA initialization: Unexpected "
+           "error from cudaGetDeviceCount(). Error 2: out of memory\n"
+           "FAILED: cuda.cuda.o\n"
+           "/x/build/sub_a/cuda.cu(45): error: identifier \"m_nwe\" is undefined\n"
+           "RuntimeError: Error building extension 'sub_a'\n")
+    assert build._first_error(relevant_log(log)) == \
+        'submission.cu:42: error: identifier "m_nwe" is undefined'
+    assert build._first_error("ld: error while loading shared libraries\n") == \
+        "ld: error while loading shared libraries"
+    assert build._first_error("x.cu:3: warning: unused variable error_count\n") == ""
+
+
+def test_a_cuda_build_on_a_gpu_machine_sees_no_gpu(make_submission, tmp_path, monkeypatch):
+    """A build runs beside other submissions' timed calls and needs no GPU (its architecture is
+    given): CUDA_VISIBLE_DEVICES is empty and its sandbox binds no GPU's node, as for a Python
+    submission's import check."""
+    import dataclasses
+    gpu = dataclasses.replace(CPU, cuda=True, name="NVIDIA H100", capability=(9, 0), nvcc="/usr/bin/nvcc")
+    seen = {}
+
+    def run(cmd, **kw):
+        seen.update(cmd=cmd, env=kw["env"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(build, "run_limited", run)
+    box = Sandbox(bwrap="/usr/bin/bwrap")
+    nodes = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"]   # a machine with two GPUs
+    monkeypatch.setattr(sandbox_mod.glob, "glob", lambda pattern: nodes if pattern == "/dev/nvidia*" else [])
+    sub = inspect_folder(make_submission("kernel", "// a kernel\n", filename="submission.cu"))
+    with pytest.raises(RuntimeError, match="stop here"):
+        build_submission(sub, build_dir=tmp_path / "b", device=gpu, limits=config.Limits(), sandbox=box)
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == ""
+    bound = " ".join(seen["cmd"])
+    assert "/dev/nvidiactl" in bound and "/dev/nvidia0" not in bound and "/dev/nvidia1" not in bound
 
 
 def test_python_import_errors_are_build_errors(make_submission, tmp_path):

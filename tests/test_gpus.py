@@ -524,6 +524,49 @@ def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
     assert "OSError: the reason" in stream.getvalue()
 
 
+class _GoneStages:
+    """A prepared run's Stages whose harness ends with no record on its turn."""
+    closed = False
+
+    def go(self):
+        pass
+
+    def ran(self, timeout_s):
+        return None, "killed"
+
+    def close(self, wait_s=30):
+        self.closed = True
+
+
+def test_a_run_begun_early_that_the_run_s_stop_killed_is_not_started_anew(tmp_path, make_submission):
+    """At a Ctrl-C (cancel_all) the prepared runs' harnesses die with no record. That is the
+    stop, not a run that failed to start: run_cases raises Cancelled (nothing is graded anew
+    or noted as "did not start", as session 15's 2-GPU course did after its --stop-after);
+    without the stop the same end is NotStarted."""
+    case = Case(1, 2, 16, 64, seed=3)
+    ctx = _ctx(tmp_path, case, [gpu(0)])
+    sub = inspect_folder(make_submission("stopped", "def custom_kernel(data):\n    return data[2]\n"))
+    built = BuildResult(Status.PASS, "import", 0.1)
+
+    def run(stages):
+        prepared = pipeline.Prepared(sub, tmp_path / "work", None, stages=stages,
+                                     folders=contextlib.ExitStack())
+        pipeline.run_cases(sub, built, [case], ctx, tmp_path / "work", timed=case, prepared=prepared)
+
+    stages = _GoneStages()
+    with pytest.raises(pipeline.NotStarted):
+        run(stages)
+    assert stages.closed
+    procs.cancel_all()
+    try:
+        stages = _GoneStages()
+        with pytest.raises(procs.Cancelled):
+            run(stages)
+        assert stages.closed
+    finally:
+        procs.end_run()
+
+
 def test_a_worker_takes_its_next_job_early_only_when_no_other_worker_waits():
     """Lookahead without hoarding: a job taken early is one no idle GPU worker is waiting for."""
     jobs = pipeline._Jobs(2)
