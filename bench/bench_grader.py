@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from grader import config  # noqa: E402
 from grader.procs import default_build_jobs, split_cpus  # noqa: E402
-from grader.results import (RUN_PHASES, RunFileError, SubmissionResult, read_results,  # noqa: E402
-                            read_run)
+from grader.results import (RUN_PHASES, TIME_PHASES, RunFileError, SubmissionResult,  # noqa: E402
+                            read_results, read_run)
 from grader.submission import CUDA_FILE, PYTHON_FILE  # noqa: E402
 
 WORK = ROOT / "build" / "bench-grader"
@@ -61,6 +61,7 @@ FAILING_PY = {
 }
 STAGES = ("build", "run", "check", "time")
 RUN_PARTS = tuple(f"run.{p}" for p in RUN_PHASES)   # where the run stage's time goes
+TIME_PARTS = tuple(f"time.{p}" for p in TIME_PHASES)   # and the time stage's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +253,7 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
                        message=r.message.splitlines()[0] if r.message else "")
                   for r in students if plan[r.id].expected not in (None, r.status.value)]
     stages = {}
-    for stage in STAGES + RUN_PARTS + ("wait",):
+    for stage in STAGES + RUN_PARTS + TIME_PARTS + ("wait",):
         values = [f.stages[stage] for f in figures.values() if stage in f.stages]
         stages[stage] = spread(values)
     # every row's GPU-serial time, baselines and the solution row included
@@ -331,6 +332,11 @@ def format_report(report: dict) -> str:
                 f"{name} {s['median']:.2f} (n={s['n']})" for name, s in parts if s.get("n"))
                 + f"; run stage {r['stages_s']['run'].get('median', float('nan')):.2f} (of a run "
                 "begun early, only load and cases are in it: pipeline.Lookahead)")
+        parts = [(p.split(".")[1], r["stages_s"].get(p, {})) for p in TIME_PARTS]
+        if any(s.get("n") for _, s in parts):
+            lines.append("  time stage's parts, median s: " + ", ".join(
+                f"{name} {s['median']:.2f} (n={s['n']})" for name, s in parts if s.get("n"))
+                + f"; time stage {r['stages_s']['time'].get('median', float('nan')):.2f}")
         wait = r["stages_s"].get("wait", {})
         if wait.get("n"):
             lines.append(f"  waited for its preparation at its turn: "

@@ -51,7 +51,7 @@ from .compare import compare_outputs
 from .inputs import make_inputs, make_random_inputs
 from .procs import kill_group, move_to_cpus, read_line, spawn_capped
 from .reference import attention_plain_fp16, attention_reference
-from .results import RUN_PHASES
+from .results import RUN_PHASES, TIME_PHASES
 from .shared_memory import SharedBuffer, create_buffer
 from .text import clean
 from .timing import ProtocolCost, relative_standard_error, summarize
@@ -101,6 +101,7 @@ class Link:
         os.close(rep_w)
         self.pending = b""
         self.sequence = 0
+        self.closed = False
         # Each timed call's diagnostics line (grader/subject/loop.py) comes after its reply and is
         # never waited for: it is taken up whenever it has arrived (receive, drain), so that no
         # time the subject takes outside a timed call's clock can hold up the next call.
@@ -229,6 +230,11 @@ class Link:
         return self.reader.text()
 
     def close(self) -> None:
+        """Ask it to exit, then its process group killed; once (a second call could otherwise
+        write to, and close, descriptors another Link has been given since)."""
+        if self.closed:
+            return
+        self.closed = True
         try:
             os.write(self.req_w, b'{"op": "exit"}\n')
         except OSError:
@@ -418,14 +424,15 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
     return link, buffers, records, phases(spec.get("spawned"), ends)
 
 
-def phases(start: float | None, ends: list[tuple[str, float]]) -> dict[str, float]:
-    """Seconds of each phase (results.RUN_PHASES), from (phase, monotonic time it ended) in
-    order, each beginning where the one before ended and the first at `start`: the spec's
-    "spawned", the pipeline's CLOCK_MONOTONIC time on handing this process its spec (one clock
-    machine-wide), or None when unknown, and then that phase is left out."""
+def phases(start: float | None, ends: list[tuple[str, float]],
+           names: tuple[str, ...] = RUN_PHASES) -> dict[str, float]:
+    """Seconds of each phase (results.RUN_PHASES, or `names`), from (phase, monotonic time it
+    ended) in order, each beginning where the one before ended and the first at `start`: the
+    spec's "spawned", the pipeline's CLOCK_MONOTONIC time on handing this process its spec (one
+    clock machine-wide), or None when unknown, and then that phase is left out."""
     out = {}
     for name, end in ends:
-        assert name in RUN_PHASES, name
+        assert name in names, name
         if start is not None:
             out[name] = round(end - start, 3)
         start = end
@@ -600,11 +607,30 @@ def calibrate(spec: dict) -> dict:
     checked on this side as time_case checks it): `null` returns Q, so its call is the round
     trip, the GPU context switches and the copy of an output into the shared buffer;
     CALIBRATION_KERNELS do a timed call's work, which their own events time. Every timed call of
-    the run has its share subtracted."""
-    idle = _calibration_calls(spec, "null")
-    if "failed" in idle:
-        return idle
-    busy = {name: _calibration_calls(spec, name) for name in CALIBRATION_KERNELS}
+    the run has its share subtracted.
+
+    The subjects all start at once, each starting CUDA and its profiler as a run begun early
+    prepares (subject/loop.py prepare), and are then called in turn, the others waiting: a
+    subject's start is most of its time, and three in turn took 54 s while a course's builds ran
+    (session 15). They run no submission's code."""
+    subjects = {name: _spawn_prepared_builtin(spec, name) for name in ("null", *CALIBRATION_KERNELS)}
+    try:
+        # Every subject's start (CUDA's, the profiler's) ends before the first calibrated call.
+        deadline = time.monotonic() + spec["deadline_s"]
+        waited = {name: _await_prepared(link, spec, deadline) for name, (link, _) in subjects.items()}
+
+        def calls(name: str) -> dict:
+            if waited[name] is not None:
+                return dict(failed=waited[name], output=subjects[name][0].output())
+            return _calibration_calls(spec, name, subjects[name])
+
+        idle = calls("null")
+        if "failed" in idle:
+            return idle
+        busy = {name: calls(name) for name in CALIBRATION_KERNELS}
+    finally:
+        for link, _ in subjects.values():
+            link.close()
     cost = ProtocolCost(idle_ms=statistics.median(idle["raw"]))
     medians = [(statistics.median(raw - events for raw, events in b["pairs"]),
                 statistics.median(events for _, events in b["pairs"]))
@@ -618,10 +644,52 @@ def calibrate(spec: dict) -> dict:
                 output="".join(r.get("output", "") for r in (idle, *busy.values())))
 
 
-def _calibration_calls(spec: dict, name: str) -> dict:
+def _spawn_prepared_builtin(spec: dict, name: str) -> tuple[Link, dict[str, SharedBuffer]]:
+    """A subject for the builtin `name`, started on buffers of its own for the spec's case, that
+    prepares (CUDA, the profiler's first start) and then waits for "load" (_load_prepared)."""
+    buffers = allocate(spec["device"], Case.from_dict(spec["case"]).numel)
+    return Link(dict(spec, target=dict(kind="builtin", name=name), prepare=True), buffers), buffers
+
+
+def _await_prepared(link: Link, spec: dict, deadline: float) -> dict | None:
+    """None once a subject of _spawn_prepared_builtin's has said "prepared"; else the failure
+    record."""
+    return _expect(link, spec, deadline, "prepared")
+
+
+def _load_prepared(link: Link, spec: dict, deadline: float) -> dict | None:
+    """A prepared subject told to load its target: None once loaded, else the failure record."""
+    try:
+        link.write(b"load\n")
+    except SubjectGone as gone:
+        return _gone_record(gone, link, spec, loading=True)
+    return _expect(link, spec, deadline, "loading") or loaded(link, spec, deadline)
+
+
+def _expect(link: Link, spec: dict, deadline: float, event: str) -> dict | None:
+    """None when the subject's next reply is `event`; else the failure record."""
+    try:
+        reply = link.receive(deadline)
+    except SubjectGone as gone:
+        return _gone_record(gone, link, spec, loading=True)
+    if reply.get("event") == event:
+        return None
+    return dict(status="runtime_error",
+                message=f"the subject said {clean(json.dumps(reply), 300)} instead of {event!r}")
+
+
+def _calibration_calls(spec: dict, name: str,
+                       prepared: tuple[Link, dict[str, SharedBuffer]] | None = None) -> dict:
+    """The calibration's calls on the builtin `name`: on `prepared` (_spawn_prepared_builtin),
+    or on a subject started here."""
     deadline = time.monotonic() + spec["deadline_s"]
     case = Case.from_dict(spec["case"])
-    link, call, failed = open_call(dict(spec, target=dict(kind="builtin", name=name)), deadline)
+    target_spec = dict(spec, target=dict(kind="builtin", name=name))
+    failed = _load_prepared(prepared[0], target_spec, deadline) if prepared is not None else None
+    if failed is not None:
+        prepared[0].close()
+        return dict(failed=failed, output=prepared[0].output())
+    link, call, failed = open_call(target_spec, deadline, prepared)
     if failed is not None:
         return failed
     verify, pick = new_verify(), random.Random(_urandom(16))
@@ -703,16 +771,20 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
     processes showed; on `opened`'s subject (open_call) if given."""
     device, case = spec["device"], Case.from_dict(spec["case"])
-    deadline = time.monotonic() + spec["deadline_s"]
+    begun = time.monotonic()
+    deadline = begun + spec["deadline_s"]
     link, call, failed = open_call(spec, deadline, opened)
     if failed is not None:
         return failed
+    ends = [("open", time.monotonic())]   # where the stage's time goes: results.TIME_PHASES
     pick = random.Random(_urandom(16))   # which calls and heads are checked: decided here
     result: dict = dict(verify=new_verify())
     try:
         rtt_ms = round_trip_ms(link, deadline)
+        ends.append(("rtt", time.monotonic()))
         cost = ProtocolCost.from_dict(spec.get("protocol"))
         first = warm_up(link, call, deadline)
+        ends.append(("warmup", time.monotonic()))
         walls, fences, times, samples, helpers = [], [], [], [], []
         stopped_by, loop_start = "max_reps", _perf_counter()
         while len(walls) < spec.get("max_calls", config.TIMING_MAX_REPS):
@@ -735,6 +807,7 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
             if _perf_counter() - loop_start > spec["budget_s"] and len(times) >= 2:
                 stopped_by = "budget"
                 break
+        ends.append(("loop", time.monotonic()))
         report = link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
     except SubjectGone as gone:
         record = _gone_record(gone, link, spec, loading=False,
@@ -758,8 +831,10 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
                       pipe_ms=_median_of([r["pipes"] for r in reported]),
                       launched=tuple(tuple(x) for x in _launched(report.get("kernels"))),
                       profiled_calls=len(walls) + 1)
-    result.update(stats=stats.to_dict(),
-                  spots=check_samples(samples, case, spec),
+    ends.append(("report", time.monotonic()))
+    spots = check_samples(samples, case, spec)
+    ends.append(("spots", time.monotonic()))
+    result.update(stats=stats.to_dict(), spots=spots, phases_s=phases(begun, ends, TIME_PHASES),
                   calls=[[max(w, f), r["events"]] for w, f, r in zip(walls, fences, reported)],
                   helpers=[h for h in helpers if h], gpu_processes_seen=any(h is not None for h in helpers),
                   output=link.output())

@@ -256,6 +256,7 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
             status, message = timed_run
             return _finish(base, status, message, cases=cases, notes=notes, started=started)
         timing, timed_case = timed_run.stats, timed.id
+        clock.parts("time", timed_run.record.get("phases_s") or {})
         problems = judge_timing(timed_run, timed, source, ctx)
         if problems:
             worst_status = worst(Status(f.status) for f in problems)
@@ -397,9 +398,10 @@ def _finish(base: dict, status: Status, message: str, *, cases, started: float,
 class StageClock:
     """The seconds one submission spent in each stage (the result's stage_s): the build's, then
     each of run, check and time from its start to its stop, then the parts of a stage that its
-    process measured ("run.subject": results.RUN_PHASES). The stage's own figure holds its parts,
-    except for a run begun early (Lookahead), whose parts up to "waiting" overlapped the
-    submission before it. "wait": time spent waiting for a preparation to end (waited)."""
+    process measured ("run.subject": results.RUN_PHASES; "time.loop": TIME_PHASES). The stage's
+    own figure holds its parts, except for a run begun early (Lookahead), whose parts up to
+    "waiting" overlapped the submission before it. "wait": time spent waiting for a preparation
+    to end (waited)."""
 
     def __init__(self, build_s: float):
         self._seconds = {"build": build_s}

@@ -26,8 +26,8 @@ from grader.cases import Case
 from grader.device import DeviceInfo, GpuSelectionError, parse_gpus, select_gpus
 from grader.progress import Progress
 from grader.report import build_rows, gpu_agreement, render_leaderboard, text_table
-from grader.results import (GpuRef, SubmissionResult, load_result, read_gpu_copies, read_results,
-                            write_result)
+from grader.results import (TIME_PHASES, GpuRef, SubmissionResult, load_result, read_gpu_copies,
+                            read_results, write_result)
 from grader.runs import RunJournal
 from grader.sandbox import Sandbox
 from grader.status import Status
@@ -491,6 +491,11 @@ def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(t
     assert len(results) == 8 and {r["status"] for r in results.values()} <= {"pass", "flagged"}, said[-3000:]
     begun = sorted(n for n, r in results.items() if "run.load" in (r.get("stage_s") or {}))
     assert len(begun) >= 6, (begun, said[-3000:])
+    # every time stage says where its seconds went, its parts within it (results.TIME_PHASES)
+    for name, r in results.items():
+        stage_s = r["stage_s"]
+        parts = [stage_s[f"time.{p}"] for p in TIME_PHASES]
+        assert 0 < sum(parts) <= stage_s["time"], (name, stage_s)
 
 
 def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(

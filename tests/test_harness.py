@@ -22,7 +22,7 @@ from grader.cases import Case
 from grader.inputs import make_random_inputs
 from grader.pipeline import SUBJECT
 from grader.procs import child_env
-from grader.results import RUN_PHASES
+from grader.results import RUN_PHASES, TIME_PHASES
 from grader.text import clean
 
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
@@ -213,8 +213,15 @@ def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
     """The timed loop on the CPU: each call's reply carries nothing but what was returned, the
     subject's account of itself comes in a second line after the harness's clock stopped, every
     output is read and verified, and the profiler saw the timed calls and the last warm-up."""
+    started = time.monotonic()
     record = harness.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n"))
+    elapsed = time.monotonic() - started
     assert "failed" not in record, record
+    # where the stage's time went, each part in order (results.TIME_PHASES), within it
+    assert list(record["phases_s"]) == list(TIME_PHASES)
+    assert all(s >= 0 for s in record["phases_s"].values())
+    assert sum(record["phases_s"].values()) <= elapsed
+    assert record["phases_s"]["open"] > 0.2   # a fresh subject: its start and its imports
     stats = record["stats"]
     assert stats["n"] == 6 and stats["profiled_calls"] == 7 and stats["stopped_by"] == "max_reps"
     assert len(record["calls"]) == 6 and all(raw > 0 for raw, _ in record["calls"])
@@ -340,6 +347,56 @@ def test_the_calibration_does_what_the_timed_loop_does_between_calls(tmp_path):
     assert len(record["raw"]) == 5 and all(t > 0 for t in record["raw"])
     assert record["verify"]["checked"] == 5   # null returns Q: each output read, checked, wrong
     assert record["verify"]["wrong"] == 5
+
+
+def test_the_calibration_starts_its_subjects_at_once_and_calls_them_in_turn(tmp_path, monkeypatch):
+    """Issue 13: a subject's start (torch, CUDA, the profiler's first start) is most of its time,
+    and the calibration's three subjects started in turn took 54 s while a course's builds ran
+    (session 15). They are spawned together, prepared as a run begun early is, and called one
+    after another; each is closed once."""
+    events = []
+    spawn, run, close = harness.Link.__init__, harness.Call.run, harness.Link.close
+    await_prepared = harness._await_prepared
+
+    def prepared(link, spec, deadline):
+        failed = await_prepared(link, spec, deadline)
+        events.append(("prepared", link.proc.pid, failed))
+        return failed
+
+    def spawned(self, spec, buffers):
+        events.append(("spawn", spec["target"]["name"], bool(spec.get("prepare"))))
+        spawn(self, spec, buffers)
+
+    def called(self, seed):
+        events.append(("call", self.link.proc.pid))
+        return run(self, seed)
+
+    def closed(self):
+        events.append(("close", self.proc.pid, self.closed))
+        close(self)
+
+    monkeypatch.setattr(harness.Link, "__init__", spawned)
+    monkeypatch.setattr(harness.Call, "run", called)
+    monkeypatch.setattr(harness.Link, "close", closed)
+    monkeypatch.setattr(harness, "_await_prepared", prepared)
+    case = Case(1, 2, 16, 64, seed=3)
+    spec = dict(mode="calibrate", device="cpu", target=dict(kind="builtin", name="null"),
+                subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
+                tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
+                case=case.to_dict(), l2_bytes=0, reps=5, warmup=1)
+    record = harness.calibrate(spec)
+    assert "protocol" in record and record["protocol"]["idle_ms"] > 0, record
+    names = ("null", *harness.CALIBRATION_KERNELS)
+    assert events[:3] == [("spawn", n, True) for n in names]   # all started at once
+    # each prepared (CUDA and the profiler started) before the first call: none overlaps a call
+    assert [e[0] for e in events[3:6]] == ["prepared"] * 3 and not any(e[2] for e in events[3:6])
+    calls = [e[1] for e in events if e[0] == "call"]
+    assert calls == sorted(calls, key=calls.index)   # one subject's calls, then the next's
+    assert set(calls) == {e[1] for e in events[3:6]}   # on the subjects prepared
+    assert not any(e[0] in ("spawn", "prepared") for e in events[6:])
+    closes = [e for e in events if e[0] == "close"]
+    assert sorted({e[1] for e in closes}) == sorted(e[1] for e in closes if not e[2])   # closed once each
+    assert len({e[1] for e in closes}) == 3
 
 
 def stages_spec(tmp_path, source: str) -> tuple[dict, Path]:
