@@ -613,11 +613,19 @@ def calibrate(spec: dict) -> dict:
     prepares (subject/loop.py prepare), and are then called in turn, the others waiting: a
     subject's start is most of its time, and three in turn took 54 s while a course's builds ran
     (session 15). They run no submission's code."""
-    subjects = {name: _spawn_prepared_builtin(spec, name) for name in ("null", *CALIBRATION_KERNELS)}
+    subjects: dict[str, tuple[Link, dict[str, SharedBuffer]]] = {}
     try:
-        # Every subject's start (CUDA's, the profiler's) ends before the first calibrated call.
+        for name in ("null", *CALIBRATION_KERNELS):
+            subjects[name] = _spawn_prepared_builtin(spec, name)
+        # Every subject's start (CUDA's, the profiler's) ends before the first calibrated call;
+        # one that does not get there in time is closed at once. One deadline for all: a reply
+        # that came while an earlier one was awaited is read within a few seconds more.
         deadline = time.monotonic() + spec["deadline_s"]
-        waited = {name: _await_prepared(link, spec, deadline) for name, (link, _) in subjects.items()}
+        waited = {}
+        for name, (link, _) in subjects.items():
+            waited[name] = _await_prepared(link, spec, max(deadline, time.monotonic() + 5))
+            if waited[name] is not None:
+                link.close()
 
         def calls(name: str) -> dict:
             if waited[name] is not None:

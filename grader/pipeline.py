@@ -1178,7 +1178,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
         ctx.progress.set_total(len(entries))   # each baseline once per GPU
     _announce(entries, ctx.progress, only=only)
     lock = threading.Lock()
-    stopping = threading.Event()
+    halted = threading.Event()   # the run stops: no result is written from here
 
     def record(result: SubmissionResult, entry, worker: GradeContext | None, *,
                stopped: bool = False) -> None:
@@ -1188,7 +1188,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
         result = dataclasses.replace(result, key=entry.key,
                                      gpu=worker.gpu_ref if worker is not None else None)
         with lock:
-            if stopping.is_set() and not stopped:
+            if halted.is_set() and not stopped:
                 return
             write_result(ctx.out_dir, result, path=entry.path)
             results.append(result)
@@ -1301,7 +1301,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
         # Stop now: nothing queued starts, every child process group dies, then the threads
         # (whose children just died) return at once. Unfinished work has no result on disk;
         # a build that had already failed is a finished verdict, and is written.
-        stopping.set()
+        halted.set()
         left = jobs.stop()
         cancel_all()
         pool.shutdown(wait=True, cancel_futures=True)
