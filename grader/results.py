@@ -62,12 +62,13 @@ class GpuRef:
 # "load" (the submission's import). Only "load" and "cases" of such a run are in its run stage:
 # the rest overlapped the submission before it.
 RUN_PHASES = ("harness", "buffers", "subject", "prepare", "waiting", "load", "cases")
-# Where a time stage's seconds go, as its harness measured them (harness.time_case), "time.<part>"
-# in stage_s: "open" (the case's buffers and the L2 flush buffer; a subject's start when it is not
-# the run stage's), "rtt" (round trips with no GPU work), "warmup" (the warm-up calls, the
-# profiler turned on), "loop" (the timed calls, each one's output checked), "report" (the
-# profiler turned off and the kernels it saw), "spots" (the kept calls against the fp32
-# reference). What the stage holds beyond them is the pipes and the pipeline's own work.
+# Where a time stage's seconds go, as its harness measured them (harness.time_case),
+# "time.<part>" in stage_s: "open" (the case's buffers and the L2 flush buffer; a subject's start
+# when it is not the run stage's), "rtt" (round trips with no GPU work), "warmup" (the warm-up
+# calls, the profiler turned on), "loop" (the timed calls, each one's output checked), "report"
+# (the profiler turned off, the kernels it saw, the subject's exit), "spots" (the kept calls
+# against the fp32 reference). What the stage holds beyond them is the pipes and the pipeline's
+# own work.
 TIME_PHASES = ("open", "rtt", "warmup", "loop", "report", "spots")
 
 @dataclasses.dataclass(frozen=True)
