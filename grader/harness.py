@@ -289,12 +289,9 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
     case share one limit from "run", as they do in a run not begun early."""
     ready_fd, decide_fd = spec["control"]
     link = Link(spec, buffers)
-    try:
-        reply = link.receive(time.monotonic() + spec["deadline_s"])
-    except SubjectGone as gone:
-        reply = dict(event=gone.message)
-    if reply.get("event") != "prepared":
-        _give_up(link, f"the subject said {clean(json.dumps(reply), 300)} instead of 'prepared'")
+    why = _not_said(link, time.monotonic() + spec["deadline_s"], "prepared")
+    if why:
+        _give_up(link, why)
     ends.append(("prepare", time.monotonic()))
     try:
         os.write(ready_fd, b"prepared\n")
@@ -306,14 +303,25 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
     take_cpus(spec, {os.getpid()} | process_tree(link.proc.pid))
     ends.append(("waiting", time.monotonic()))
     deadline = time.monotonic() + spec["deadline_s"]
-    try:   # "loading" comes before any submission code: a death before it is not the submission's
-        link.write(b"load\n")
-        ack = link.receive(deadline)
-    except SubjectGone as gone:
-        ack = dict(event=gone.message)
-    if ack.get("event") != "loading":
-        _give_up(link, f"on its turn the subject said {clean(json.dumps(ack), 300)} instead of 'loading'")
+    # "loading" comes before any submission code: a death before it is not the submission's
+    why = _not_said(link, deadline, "loading", send=b"load\n")
+    if why:
+        _give_up(link, f"on its turn {why}")
     return link, loaded(link, spec, deadline), deadline
+
+
+def _not_said(link: Link, deadline: float, event: str, send: bytes = b"") -> str:
+    """"" when the subject's next reply (after `send`, if any) is `event`, as a prepared subject's
+    are (subject/loop.py prepare); else what it said instead."""
+    try:
+        if send:
+            link.write(send)
+        reply = link.receive(deadline)
+    except SubjectGone as gone:
+        reply = dict(event=gone.message)
+    if reply.get("event") == event:
+        return ""
+    return f"the subject said {clean(json.dumps(reply), 300)} instead of {event!r}"
 
 
 def take_cpus(spec: dict, pids: set[int]) -> None:
@@ -623,13 +631,14 @@ def calibrate(spec: dict) -> dict:
         deadline = time.monotonic() + spec["deadline_s"]
         waited = {}
         for name, (link, _) in subjects.items():
-            waited[name] = _await_prepared(link, spec, max(deadline, time.monotonic() + 5))
-            if waited[name] is not None:
+            waited[name] = _not_said(link, max(deadline, time.monotonic() + 5), "prepared")
+            if waited[name]:
                 link.close()
 
         def calls(name: str) -> dict:
-            if waited[name] is not None:
-                return dict(failed=waited[name], output=subjects[name][0].output())
+            if waited[name]:
+                return dict(failed=dict(status="runtime_error", message=waited[name]),
+                            output=subjects[name][0].output())
             return _calibration_calls(spec, name, subjects[name])
 
         idle = calls("null")
@@ -654,36 +663,9 @@ def calibrate(spec: dict) -> dict:
 
 def _spawn_prepared_builtin(spec: dict, name: str) -> tuple[Link, dict[str, SharedBuffer]]:
     """A subject for the builtin `name`, started on buffers of its own for the spec's case, that
-    prepares (CUDA, the profiler's first start) and then waits for "load" (_load_prepared)."""
+    prepares (CUDA, the profiler's first start), says "prepared" and then waits for "load"."""
     buffers = allocate(spec["device"], Case.from_dict(spec["case"]).numel)
     return Link(dict(spec, target=dict(kind="builtin", name=name), prepare=True), buffers), buffers
-
-
-def _await_prepared(link: Link, spec: dict, deadline: float) -> dict | None:
-    """None once a subject of _spawn_prepared_builtin's has said "prepared"; else the failure
-    record."""
-    return _expect(link, spec, deadline, "prepared")
-
-
-def _load_prepared(link: Link, spec: dict, deadline: float) -> dict | None:
-    """A prepared subject told to load its target: None once loaded, else the failure record."""
-    try:
-        link.write(b"load\n")
-    except SubjectGone as gone:
-        return _gone_record(gone, link, spec, loading=True)
-    return _expect(link, spec, deadline, "loading") or loaded(link, spec, deadline)
-
-
-def _expect(link: Link, spec: dict, deadline: float, event: str) -> dict | None:
-    """None when the subject's next reply is `event`; else the failure record."""
-    try:
-        reply = link.receive(deadline)
-    except SubjectGone as gone:
-        return _gone_record(gone, link, spec, loading=True)
-    if reply.get("event") == event:
-        return None
-    return dict(status="runtime_error",
-                message=f"the subject said {clean(json.dumps(reply), 300)} instead of {event!r}")
 
 
 def _calibration_calls(spec: dict, name: str,
@@ -693,7 +675,11 @@ def _calibration_calls(spec: dict, name: str,
     deadline = time.monotonic() + spec["deadline_s"]
     case = Case.from_dict(spec["case"])
     target_spec = dict(spec, target=dict(kind="builtin", name=name))
-    failed = _load_prepared(prepared[0], target_spec, deadline) if prepared is not None else None
+    failed = None
+    if prepared is not None:   # it said "prepared": load its target now
+        why = _not_said(prepared[0], deadline, "loading", send=b"load\n")
+        failed = (dict(status="runtime_error", message=why) if why
+                  else loaded(prepared[0], target_spec, deadline))
     if failed is not None:
         prepared[0].close()
         return dict(failed=failed, output=prepared[0].output())

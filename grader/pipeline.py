@@ -610,13 +610,13 @@ def _harness_key(env: dict | None, cpus: CpuSplit | None) -> tuple:
     return (tuple(sorted(env.items())) if env else None, cpus)
 
 
-class _Spare(threading.local):
-    """A GPU worker's next harness, started when it took the last one (keep_warm)."""
-    keep = False
-    harness: WarmHarness | None = None
+class _Spare:
+    """A GPU worker's next harness, started when it took the last one (keep_warm). One per
+    thread (_SPARE: PerThread, not threading.local: it holds a process)."""
 
-
-_SPARE = _Spare()
+    def __init__(self):
+        self.keep = False
+        self.harness: WarmHarness | None = None
 
 
 def take_harness(env: dict | None, cpus: CpuSplit | None, *, spare: bool = True) -> WarmHarness:
@@ -644,10 +644,10 @@ def keep_warm():
     try:
         yield
     finally:
-        _SPARE.keep = False
         _AHEAD.drop()
         _AHEAD.forget()
-        spare, _SPARE.harness = _SPARE.harness, None
+        spare = _SPARE.harness
+        _SPARE.forget()   # keep off, and no spare held, from here
         if spare is not None:
             spare.close()
 
@@ -883,13 +883,14 @@ class Lookahead:
 
 class PerThread:
     """One object per thread, made on first use, held in a plain dict keyed by the thread rather
-    than in threading.local. procs.spawn_capped starts every child with a preexec_fn, so Python
-    runs in the child after fork, and there the other threads' thread-local data is freed: what
+    than in threading.local, for whatever holds processes or folders (_AHEAD, _SPARE).
+    procs.spawn_capped starts every child with a preexec_fn, so Python runs in the child after
+    fork, and there the other threads' thread-local data is freed: what
     only it holds is deallocated and its finalizers run, in the child but on the shared disk. A
     GPU worker's runs begun early, held in a threading.local, lost their folders that way
     (TemporaryDirectory's finalizer removed them) whenever a build thread started a process:
     6 of 9 in session 14's course, each then a grader error. Attributes are the calling thread's
-    object's; forget() lets the calling thread's go (at the worker's end)."""
+    object's, to read and to set; forget() lets the calling thread's go (at the worker's end)."""
 
     def __init__(self, make):
         self._make, self._objects, self._lock = make, {}, threading.Lock()
@@ -908,8 +909,15 @@ class PerThread:
     def __getattr__(self, name: str):
         return getattr(self.mine(), name)
 
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.mine(), name, value)
+
 
 _AHEAD = PerThread(Lookahead)
+_SPARE = PerThread(_Spare)
 
 
 @dataclasses.dataclass(frozen=True)

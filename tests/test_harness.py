@@ -356,11 +356,12 @@ def test_the_calibration_starts_its_subjects_at_once_and_calls_them_in_turn(tmp_
     after another; each is closed once."""
     events = []
     spawn, run, close = harness.Link.__init__, harness.Call.run, harness.Link.close
-    await_prepared = harness._await_prepared
+    not_said = harness._not_said
 
-    def prepared(link, spec, deadline):
-        failed = await_prepared(link, spec, deadline)
-        events.append(("prepared", link.proc.pid, failed))
+    def said(link, deadline, event, send=b""):
+        failed = not_said(link, deadline, event, send)
+        if event == "prepared":
+            events.append(("prepared", link.proc.pid, failed))
         return failed
 
     def spawned(self, spec, buffers):
@@ -378,7 +379,7 @@ def test_the_calibration_starts_its_subjects_at_once_and_calls_them_in_turn(tmp_
     monkeypatch.setattr(harness.Link, "__init__", spawned)
     monkeypatch.setattr(harness.Call, "run", called)
     monkeypatch.setattr(harness.Link, "close", closed)
-    monkeypatch.setattr(harness, "_await_prepared", prepared)
+    monkeypatch.setattr(harness, "_not_said", said)
     case = Case(1, 2, 16, 64, seed=3)
     spec = dict(mode="calibrate", device="cpu", target=dict(kind="builtin", name="null"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
