@@ -28,6 +28,7 @@ import argparse
 import collections
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import shutil
@@ -134,6 +135,7 @@ def _example_verdicts() -> dict:
 class GradeRun:
     label: str
     gpus: str | None
+    lanes: int | None      # the grader's --lanes (None: its default)
     out: Path
     wall_s: float          # the whole `grade` command: device probe to the last page
     returncode: int
@@ -150,7 +152,7 @@ def grader_has_option(option: str) -> bool:
 
 def grade_course(course: Path, *, work: Path, label: str, gpus: str | None, cpu: bool,
                  budget: float | None, jobs: int | None, warm: bool, baselines: bool,
-                 stop_after: float | None, extra: list[str]) -> GradeRun:
+                 stop_after: float | None, extra: list[str], lanes: int | None = None) -> GradeRun:
     """`python -m grader grade` on the course into a fresh results folder; the build folder is
     emptied first (a cold build cache) unless `warm`."""
     out, build = work / f"results-{label}", work / "build"
@@ -161,6 +163,7 @@ def grade_course(course: Path, *, work: Path, label: str, gpus: str | None, cpu:
            "--build-dir", str(build)]
     cmd += ["--cpu"] if cpu else []
     cmd += ["--gpus", gpus] if gpus else []
+    cmd += ["--lanes", str(lanes)] if lanes else []
     cmd += ["--jobs", str(jobs)] if jobs else []
     cmd += [] if baselines else ["--no-baselines", "--no-solution"]
     cmd += extra
@@ -195,7 +198,7 @@ def grade_course(course: Path, *, work: Path, label: str, gpus: str | None, cpu:
         print(f"[{label}] warning: the grader did not end within 300 s of its Ctrl-C and was "
               f"killed ({proc.returncode}); the figures cover the results it had written",
               file=sys.stderr, flush=True)
-    return GradeRun(label, gpus, out, round(wall, 2), proc.returncode, stopped, log)
+    return GradeRun(label, gpus, lanes, out, round(wall, 2), proc.returncode, stopped, log)
 
 
 # ---------------------------------------------------------------- figures
@@ -260,7 +263,8 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
     gpu_serial = sum(figures_of(r).gpu_serial_s for r in results if not r.no_result)
     graded = len(students)
     return dict(
-        label=run.label, gpus=run.gpus, build_cache="warm" if warm else "cold",
+        label=run.label, gpus=run.gpus, lanes=meta.get("lanes"),
+        build_cache="warm" if warm else "cold",
         wall_s=run.wall_s, grading_s=meta.get("wall_s"), stopped=run.stopped,
         planned=len(planned), graded=graded, missing=len(planned) - graded,
         submissions_per_min=round(graded / run.wall_s * 60, 2) if run.wall_s else None,
@@ -291,7 +295,8 @@ def scaling(runs: list[dict]) -> list[dict]:
     if len(runs) < 2 or not runs[0]["submissions_per_min"]:
         return []
     base = runs[0]["submissions_per_min"]
-    return [dict(gpus=r["gpus"], gpu_count=len(r["gpus"].split(",")) if r["gpus"] else None,
+    return [dict(label=r["label"], gpus=r["gpus"], lanes=r.get("lanes"),
+                 gpu_count=len(r["gpus"].split(",")) if r["gpus"] else None,
                  submissions_per_min=r["submissions_per_min"],
                  speedup=round(r["submissions_per_min"] / base, 3)) for r in runs]
 
@@ -339,7 +344,7 @@ def format_report(report: dict) -> str:
                 + f"; time stage {r['stages_s']['time'].get('median', float('nan')):.2f}")
         wait = r["stages_s"].get("wait", {})
         if wait.get("n"):
-            lines.append(f"  waited for its preparation at its turn: "
+            lines.append(f"  waited for its preparation at its turn (with lanes, for the GPU's gate too): "
                          f"median {wait['median']:.2f} s, sum {wait['sum']:.1f} s (n={wait['n']})")
         if r.get("not_started"):
             lines.append(f"  NOT STARTED: {r['not_started']} runs begun early failed on their turn and "
@@ -347,7 +352,7 @@ def format_report(report: dict) -> str:
         for u in r["unexpected"]:
             lines.append(f"  UNEXPECTED {u['id']}: {u['got']} (expected {u['expected']}): {u['message']}")
     for s in report["scaling"]:
-        lines.append(f"scaling: GPUs {s['gpus']}: {s['submissions_per_min']:.2f} submissions/min, "
+        lines.append(f"scaling: {s.get('label', s['gpus'])}: {s['submissions_per_min']:.2f} submissions/min, "
                      f"{s['speedup']:.2f}x the first run")
     return "\n".join(lines)
 
@@ -369,6 +374,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", nargs="+", metavar="SET",
                    help="one grading run per GPU set, passed to the grader's --gpus "
                         "(e.g. --gpus 0 0,1); the report compares their throughput")
+    p.add_argument("--lanes", nargs="+", type=int, metavar="N",
+                   help="one grading run per value (and per --gpus set), passed to the grader's "
+                        "--lanes: run stages of N submissions share a GPU (e.g. --lanes 1 3)")
     p.add_argument("--jobs", type=int, help="builds at once (the grader's --jobs; default: its own)")
     p.add_argument("--honest", type=Path, action="append",
                    help="an honest submission folder to copy (repeatable; default: "
@@ -405,12 +413,13 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("error: the course is empty (--copies 0 and no failing submission)")
     jobs = args.jobs or default_build_jobs(split_cpus(config.Limits.from_env().gpu_stage_cpus))
     runs = []
-    for gpus in args.gpus or [None]:
+    for gpus, lanes in itertools.product(args.gpus or [None], args.lanes or [None]):
         label = f"gpus-{gpus.replace(',', '_')}" if gpus else ("cpu" if args.cpu else "default")
+        label += f"-lanes{lanes}" if lanes else ""
         run = grade_course(course, work=work, label=label, gpus=gpus, cpu=args.cpu,
                            budget=args.budget, jobs=args.jobs, warm=args.warm,
                            baselines=not args.no_baselines, stop_after=args.stop_after,
-                           extra=args.grader_args)
+                           extra=args.grader_args, lanes=lanes)
         runs.append(summarize(run, planned, warm=args.warm))
     device = runs[0]["device"]
     counts = collections.Counter(p.template for p in planned if p.honest)

@@ -57,6 +57,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     _policy(p)
 
 
+def _lanes(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 16:
+        raise argparse.ArgumentTypeError(f"--lanes {text!r}: give a whole number from 1 to 16 "
+                                         f"(1: one submission at a time on each GPU)")
+    return n
+
+
 def _policy(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", type=Path, help=f"grading policy (default: {POLICY_FILE.name})")
 
@@ -96,6 +107,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus", metavar="SET",
                    help="the GPUs to grade on, one worker each: CUDA indices such as 0,1, or all "
                         "(default: every GPU of the first one's kind); without a GPU, one CPU worker")
+    g.add_argument("--lanes", type=_lanes, default=config.GPU_LANES, metavar="N",
+                   help=f"run and check stages of up to N submissions share each GPU; each time "
+                        f"stage has it alone, on a fresh subject (grader/gate.py; default "
+                        f"{config.GPU_LANES}; 1: one submission at a time)")
     slurm.add_arguments(g)   # issue 13: --executor slurm (grader/slurm.py)
     c = sub.add_parser("check", help="grade one submission folder and explain the result")
     c.add_argument("path", type=Path)
@@ -190,6 +205,7 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
                baselines=list(baselines), skipped=getattr(args, "skipped", []))
     gpus = [d for d in devices if d.cuda]   # one GPU worker each (grade --gpus)
     run["gpus"] = gpu_records(gpus)
+    run["lanes"] = getattr(args, "lanes", 1)
     resumed = previous_run_note(out)
     if resumed:
         print(f"note: {resumed}", file=sys.stderr)
@@ -203,7 +219,8 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     ctx = grading_context(cases=cases, device=device, gpus=gpus, limits=limits, out_dir=out,
                           build_dir=args.build_dir, progress=progress, sandbox=sandbox,
                           calibration=args.calibration, policy=policy,
-                          build_cache=_build_cache(args, sandbox))
+                          build_cache=_build_cache(args, sandbox),
+                          lanes=getattr(args, "lanes", 1))
     t0 = time.monotonic()
     code = 0
     try:

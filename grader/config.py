@@ -135,6 +135,14 @@ RESERVE_MIN_CPUS = 6
 # H100, more beside the builds, whose CPUs they use). This many at once: a submission's stages
 # take 5-10 s once they are begun early, so one preparation would seldom be ready at its turn.
 LOOKAHEAD = 2
+# Run and check stages of this many submissions may share a GPU at once (grade --lanes N). Their
+# time stages still run one at a time, each alone on the GPU, on a fresh subject (grader/gate.py
+# says what is kept apart). 1, the default: one submission at a time, its time stage on its run's
+# subject. On an H100 with 16 CPUs, 3 lanes graded 5.3 submissions/min against 5.6 with 1 (cold)
+# and 5.9 against 6.3 (builds reused): each submission then needs two subjects prepared, and
+# their CPU work and the run stages' on the GPU stages' three CPUs cost more than the overlap
+# saves (notes/throughput.md, session 16).
+GPU_LANES = 1
 # A turn waits at most this long for its preparation to end; past it the early start is given up
 # and the submission runs the usual way.
 PREPARE_S = 120.0
@@ -163,8 +171,13 @@ CALIBRATION_CALLS = 50
 # is found in a call with chance 1 - (1 - p)^16, and every call is checked ...
 TIMING_VERIFY_HEADS = 16
 # ... and this many, picked at random after they return, with the fp32 reference and the
-# precision budget, whole.
+# precision budget, each on TIMING_SPOT_HEADS of its (batch, head) slices picked after the last
+# call (all of them where there are no more). Whole, on the largest case's 256, the three took
+# 1.45 s of a 5.25 s time stage (H100, 2026-11-26, notes/throughput.md session 16); an output
+# whose precision is cut in a part p of its slices is found with chance 1 - (1 - p)^96, and the
+# cases' checks see every element of every case.
 TIMING_SPOT_SAMPLES = 3
+TIMING_SPOT_HEADS = 32
 # ... and every this many calls the harness lists the processes holding a CUDA context (NVML).
 TIMING_PROCESS_CHECK_EVERY = 10
 # The subject runs the whole timed loop under torch.profiler (GPU activity only), for every row

@@ -47,9 +47,10 @@ import torch
 
 from . import config
 from .cases import Case
-from .compare import compare_outputs
+from .compare import Finding, compare_outputs
 from .inputs import make_inputs, make_random_inputs
-from .procs import kill_group, move_to_cpus, read_line, spawn_capped
+from .procs import (kill_group, move_to_cpus, process_tree, read_line, spawn_capped,
+                    wait_exited)
 from .reference import attention_plain_fp16, attention_reference
 from .results import RUN_PHASES, TIME_PHASES
 from .shared_memory import SharedBuffer, create_buffer
@@ -235,6 +236,7 @@ class Link:
         if self.closed:
             return
         self.closed = True
+        tree = process_tree(self.proc.pid)   # what it started too, before any of it ends
         try:
             os.write(self.req_w, b'{"op": "exit"}\n')
         except OSError:
@@ -244,6 +246,13 @@ class Link:
         except subprocess.TimeoutExpired:
             pass
         kill_group(self.proc)
+        # Every process of it gone before this returns (grader/gate.py: none that ran submission
+        # code may hold a CUDA context once the next time stage can begin). In the sandbox the
+        # rest of its pid namespace dies with the group; a process that will not die is said.
+        left = wait_exited(tree, timeout_s=30)
+        if left:
+            print(f"harness: processes {sorted(left)} of the subject still ran 30 s after it was "
+                  f"killed", flush=True)
         for fd in (self.req_w, self.rep_r):
             try:
                 os.close(fd)
@@ -548,23 +557,6 @@ def gpu_context_pids() -> set[int] | None:
         return None
 
 
-def process_tree(root: int) -> set[int]:
-    """`root` and every process descended from it (host pids, from /proc)."""
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid in tree:
-            continue
-        tree.add(pid)
-        try:
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            continue
-    return tree
-
-
 class Clock:
     """This process's two clocks for one call: the host clock from "go" to the reply, and its GPU
     events from before "go" to its first GPU work after the reply."""
@@ -761,11 +753,13 @@ def coarse_enough(times: list[float], coarse_ms: float | None) -> bool:
             and relative_standard_error(times) < config.TIMING_COARSE_RSE)
 
 
-def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = None) -> dict:
+def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = None,
+              begun: float | None = None) -> dict:
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
-    processes showed; on `opened`'s subject (open_call) if given."""
+    processes showed; on `opened`'s subject (open_call) if given. `begun`: when the stage began,
+    if before this call (time_prepared's turn: its "open" part is the submission's load)."""
     device, case = spec["device"], Case.from_dict(spec["case"])
-    begun = time.monotonic()
+    begun = time.monotonic() if begun is None else begun
     deadline = begun + spec["deadline_s"]
     link, call, failed = open_call(spec, deadline, opened)
     if failed is not None:
@@ -826,13 +820,31 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
                       launched=tuple(tuple(x) for x in _launched(report.get("kernels"))),
                       profiled_calls=len(walls) + 1)
     ends.append(("report", time.monotonic()))
-    spots = check_samples(samples, case, spec)
+    spots = check_samples(samples, case, spec, pick)
     ends.append(("spots", time.monotonic()))
     result.update(stats=stats.to_dict(), spots=spots, phases_s=phases(begun, ends, TIME_PHASES),
                   calls=[[max(w, f), r["events"]] for w, f, r in zip(walls, fences, reported)],
                   helpers=[h for h in helpers if h], gpu_processes_seen=any(h is not None for h in helpers),
                   output=link.output())
     return result
+
+
+def time_prepared(spec: dict) -> dict:
+    """A time stage on a subject prepared before its turn (spec "prepare"; pipeline.TimeSubject,
+    when run stages share the GPU, config.GPU_LANES): the subject starts with CUDA and its
+    profiler and no submission code, "prepared" is said, and on "run" the submission is loaded
+    (its JIT cache filled by its run stage, on another subject since killed) and timed as on any
+    fresh subject (time_case). A subject that does not get to its turn: this process ends with
+    no record (_give_up), and the pipeline times the submission on a new harness."""
+    case = Case.from_dict(spec["case"])
+    buffers = allocate(spec["device"], case.numel)
+    ends: list = []
+    link, failed, _ = start_prepared(spec, buffers, ends)
+    turn = ends[-1][1]   # "waiting" ended: the turn began, on the GPU stages' CPUs
+    if failed is not None:
+        link.close()
+        return dict(failed=failed, output=link.output())
+    return time_case(spec, opened=(link, buffers), begun=turn)
 
 
 class Call:
@@ -926,16 +938,14 @@ def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case,
     subject does can change O any more, are compared with SDPA: a subject cannot tell which will
     be looked at, so a stale, replayed, lazy or partly computed output is found in the first
     calls whatever part of it is wrong. The tolerance is twice the cases': precision is the full
-    checks' job (check_samples, on whole outputs)."""
-    b, h = case.shape[0], case.shape[1]
-    sample = sorted(pick.sample(range(b * h), heads)) if b * h > heads else list(range(b * h))
-    index = torch.tensor(sample, device=got.device)
-    q, k, v = (t.flatten(0, 1).index_select(0, index).unsqueeze(0) for t in inputs)
+    checks' job (check_samples, with the fp32 reference and the precision budget)."""
+    sample = pick_slices(pick, case, heads)
+    q, k, v = (slices(t, sample) for t in inputs)
     try:
         expected = torch.nn.functional.scaled_dot_product_attention(q, k, v).float()
     except RuntimeError:
         expected = attention_reference(q, k, v)
-    finding = compare_outputs(got.flatten(0, 1).index_select(0, index).unsqueeze(0), expected,
+    finding = compare_outputs(slices(got, sample), expected,
                               rtol=2 * (case.rtol or config.RTOL), atol=2 * (case.atol or config.ATOL))
     unwritten = int(got.numel() - torch.isfinite(got).sum())
     verify["checked"] += 1
@@ -943,16 +953,35 @@ def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case,
         return
     verify["wrong"] += 1
     if verify["first_wrong_call"] is None:
-        where = [(sample[i] // h, sample[i] % h) for i in range(len(sample))]
-        first_bad = tuple(dataclasses.replace(bad, index=(*where[bad.index[1]], *bad.index[2:]))
-                          for bad in finding.first_bad)
         text = (f"{unwritten} of {got.numel()} elements not written (still NaN, as O was filled "
                 f"before the call) or not finite\n" if unwritten else "")
         if not finding.ok:
-            text += (f"{len(sample)} of its {b * h} (batch, head) slices, picked after the call "
-                     f"returned, compared with SDPA: "
-                     + dataclasses.replace(finding, first_bad=first_bad).summary())
+            text += (f"{len(sample)} of its {case.shape[0] * case.shape[1]} (batch, head) slices, "
+                     f"picked after the call returned, compared with SDPA: "
+                     + in_slices(finding, sample, case).summary())
         verify["first_wrong_call"], verify["first_wrong"] = call, text.rstrip()
+
+
+def pick_slices(pick: random.Random, case: Case, heads: int) -> list[int]:
+    """`heads` of the case's batch x heads (batch, head) slices, flat indices in order, drawn
+    from `pick` (the harness's os.urandom-seeded generator); all of them when there are no more."""
+    n = case.shape[0] * case.shape[1]
+    return sorted(pick.sample(range(n), heads)) if n > heads else list(range(n))
+
+
+def slices(t: torch.Tensor, sample: list[int]) -> torch.Tensor:
+    """The (batch, head) slices `sample` of a (batch, heads, seq, head_dim) tensor, as one batch
+    of len(sample) heads."""
+    return t.flatten(0, 1).index_select(0, torch.tensor(sample, device=t.device)).unsqueeze(0)
+
+
+def in_slices(finding: Finding, sample: list[int], case: Case) -> Finding:
+    """A finding on slices(..., sample), its bad elements' indices put back as (batch, head,
+    row, column) of the whole output."""
+    h = case.shape[1]
+    return dataclasses.replace(finding, first_bad=tuple(
+        dataclasses.replace(bad, index=(*divmod(sample[bad.index[1]], h), *bad.index[2:]))
+        for bad in finding.first_bad))
 
 
 def _keep_sample(samples: list, pick: random.Random, call: int, seed: int, o: torch.Tensor,
@@ -968,15 +997,19 @@ def _keep_sample(samples: list, pick: random.Random, call: int, seed: int, o: to
         samples.append(sample)
 
 
-def check_samples(samples: list, case: Case, spec: dict) -> list[dict]:
-    """The kept calls against the fp32 reference, with the precision budget."""
+def check_samples(samples: list, case: Case, spec: dict, pick: random.Random,
+                  heads: int = config.TIMING_SPOT_HEADS) -> list[dict]:
+    """The kept calls against the fp32 reference, with the precision budget, each on `heads` of
+    its (batch, head) slices picked from `pick` now, after the last call returned."""
     results = []
     for call, seed, got in samples:
-        q, k, v = make_random_inputs(case.shape, seed=seed, device=got.device)
-        finding = compare_outputs(got, attention_reference(q, k, v), rtol=case.rtol or config.RTOL,
-                                  atol=case.atol or config.ATOL,
+        sample = pick_slices(pick, case, heads)
+        q, k, v = (slices(t, sample) for t in make_random_inputs(case.shape, seed=seed, device=got.device))
+        finding = compare_outputs(slices(got, sample), attention_reference(q, k, v),
+                                  rtol=case.rtol or config.RTOL, atol=case.atol or config.ATOL,
                                   plain=attention_plain_fp16(q, k, v), **spec["precision"])
-        results.append(dict(call=call, finding=finding.to_dict()))
+        results.append(dict(call=call, slices=len(sample),
+                            finding=in_slices(finding, sample, case).to_dict()))
         del q, k, v, got
     return results
 
@@ -1017,7 +1050,8 @@ def main(argv: list[str] | None = None) -> None:
     if spec["mode"] == "run_then_time":
         run_then_time(spec)
     else:
-        modes = dict(run=run_cases, time=time_case, calibrate=calibrate)
+        modes = dict(run=run_cases, time=time_prepared if spec.get("prepare") else time_case,
+                     calibrate=calibrate)
         write_result(spec["result"], modes[spec["mode"]](spec))
     sys.stdout.flush()
     os._exit(0)

@@ -291,8 +291,10 @@ def timing_findings(record: dict, stats, own: set[str], *, flops: int, peak_tflo
             findings.append(TimingFinding("mismatch", f"timed call {spot['call'] + 1}: "
                                           + finding.summary()))
         else:
+            slices = f" on {spot['slices']} of its (batch, head) slices" if spot.get("slices") else ""
             findings.append(TimingFinding("flagged", f"timed call {spot['call'] + 1}, checked "
-                                          f"with the fp32 reference, is wrong:\n{finding.summary()}"))
+                                          f"with the fp32 reference{slices}, is wrong:\n"
+                                          f"{finding.summary()}"))
         break
     helpers = [h for h in record.get("helpers", []) if h.get("pids")]
     if helpers:

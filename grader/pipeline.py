@@ -1,5 +1,6 @@
-"""Grade submissions: build (in parallel on the CPU cores) -> run -> check -> time (one at a time
-on the GPU) -> one result file each, written the moment it is known."""
+"""Grade submissions: build (in parallel on the CPU cores) -> run -> check -> time (on each GPU,
+run and check stages of up to config.GPU_LANES submissions at once, every time stage alone:
+grader/gate.py) -> one result file each, written the moment it is known."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import errno
 import json
 import os
 import select
@@ -27,12 +29,13 @@ from .build_cache import BuildCache
 from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo, device_minor
+from .gate import GpuGate, alone, shared
 from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
 from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, default_build_jobs,
-                    gpu_worker, kill_group, run_limited, set_gpu_workers, spawn_capped,
-                    split_cpus, stopping)
+                    gpu_worker, kill_group, process_tree, run_limited, set_gpu_workers,
+                    spawn_capped, split_cpus, stopping, wait_exited)
 from .progress import Progress
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
@@ -66,6 +69,10 @@ class GradeContext:
     # worker's context, its own (the `slot`-th). Empty or one: one worker, as before workers.
     gpus: tuple[DeviceInfo, ...] = ()
     slot: int = 0
+    # Run and check stages of this many submissions at once on a GPU, each time stage alone
+    # (config.GPU_LANES; grade --lanes); a worker's context holds its GPU's gate when above 1.
+    lanes: int = 1
+    gate: GpuGate | None = None
 
     @property
     def device_name(self) -> str:
@@ -79,6 +86,12 @@ class GradeContext:
     @property
     def workers(self) -> int:
         return max(1, len(self.gpus))
+
+    @property
+    def lookahead(self) -> int:
+        """How many of a lane's next submissions are begun early (Lookahead): one per lane when
+        run stages share the GPU, each with its run's and its time stage's subjects."""
+        return 1 if self.gate is not None else config.LOOKAHEAD
 
     @property
     def cpus(self) -> CpuSplit:
@@ -202,40 +215,108 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
     folder = contextlib.nullcontext(prepared.work) if prepared is not None else _work_folder(sub)
     with folder as tmp, contextlib.ExitStack() as later:
         work = Path(tmp)
-        ctx.progress.stage(sub.id, "run")
-        clock.start("run")
-        runs, run_output, stages, phases_s = run_cases_under_load(sub, build, runnable, ctx, work,
-                                                                  jit, timed, prepared)
-        if stages is not None:
-            later.callback(stages.close)
-        clock.parts("run", phases_s)
-        _save_log(ctx, log_id, "run", run_output)
-        if any(r["status"] == "pass" for r in runs.values()):
-            ctx.progress.stage(sub.id, "check")
-            clock.start("check")
-            checked = check_outputs(runnable, runs, out_dir=work, device=ctx.device_name,
-                                    limits=ctx.limits, env=ctx.env, precision=ctx.precision)
-        else:
-            checked = [CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"],
-                                  c.hidden, run_s=runs[c.id].get("elapsed_s"),
-                                  launched=launched_of(runs[c.id])) for c in runnable]
-        clock.stop()
+        timer = None
+        if ctx.gate is not None and timed is not None:   # its time stage on a subject of its own
+            timer = prepared.timer if prepared is not None and prepared.timer is not None \
+                else time_subject(sub, build, ctx, timed, work, jit)
+            later.callback(timer.close)
+        asked = time.monotonic()
+        with shared(ctx.gate) as company:
+            clock.waited(time.monotonic() - asked)
+            ctx.progress.stage(sub.id, "run")
+            clock.start("run")
+            runs, run_output, stages, phases_s = run_cases_under_load(sub, build, runnable, ctx,
+                                                                      work, jit, timed, prepared)
+            if stages is not None and ctx.gate is not None:
+                _let_go(stages, jit)   # gone before the gate is let go: timed on `timer`
+                stages = None
+            elif stages is not None:
+                later.callback(stages.close)
+            clock.parts("run", phases_s)
+            _save_log(ctx, log_id, "run", run_output)
+            checked = _check(sub, runnable, runs, ctx, work, clock)
+        if company.crowded and any(c.status in CROWDED_RETRY for c in checked):
+            # Another submission ran beside it and could have taken the GPU's memory or time:
+            # its cases run again with the GPU to themselves before they count.
+            ctx.progress.note(f"{sub.id}: a case failed while other submissions' run stages "
+                              f"shared the GPU; running its cases again alone")
+            with alone(ctx.gate):
+                clock.start("run")
+                runs, run_output, _, _ = run_cases(sub, build, runnable, ctx, work, jit)
+                _save_log(ctx, log_id, "run", run_output)
+                checked = _check(sub, runnable, runs, ctx, work, clock)
         return _judged(sub, build, ctx, source, jit, base=base, started=started, clock=clock,
                        checked=checked, skipped=skipped, notes=notes, log_id=log_id,
-                       timed=timed, stages=stages)
+                       timed=timed, stages=stages, timer=timer)
+
+
+def _check(sub: Submission, cases: list[Case], runs: dict, ctx: GradeContext, work: Path,
+           clock: "StageClock") -> list[CaseResult]:
+    """The check stage: the outputs of the cases that ran, checked by the warm checker; a
+    CaseResult per case (a case that did not run keeps its run's verdict)."""
+    if any(r["status"] == "pass" for r in runs.values()):
+        ctx.progress.stage(sub.id, "check")
+        clock.start("check")
+        checked = check_outputs(cases, runs, out_dir=work, device=ctx.device_name,
+                                limits=ctx.limits, env=ctx.env, precision=ctx.precision)
+    else:
+        checked = [CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"],
+                              c.hidden, run_s=runs[c.id].get("elapsed_s"),
+                              launched=launched_of(runs[c.id])) for c in cases]
+    clock.stop()
+    return checked
+
+
+# A case that ended so while other submissions' run stages shared the GPU is run again alone:
+# they could have taken its memory, its time or the machine's CPUs (the load rule's verdict).
+CROWDED_RETRY = (Status.RUNTIME_ERROR, Status.TIMEOUT, Status.ENVIRONMENT_ERROR)
+
+
+def _failed_to_run(checked: list[CaseResult]) -> bool:
+    return any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked)
+
+
+def _let_go(stages: "Stages", jit: Path | None) -> None:
+    """A run stage's harness and subject ended, and each of their processes exited
+    (WarmHarness.close), before the stage lets go of its GPU's gate (gate.py's invariant: no
+    process that ran a submission's code holds a CUDA context when a time stage may begin). What
+    it tuned beside other submissions' run stages is forgotten (_forget_tuning)."""
+    stages.close()
+    if stages.harness.left:
+        raise GpuUnhealthy(f"processes {sorted(stages.harness.left)} of a run stage were still "
+                           f"running 60 s after they were killed: no time stage can begin beside them")
+    _forget_tuning(jit)
+
+
+# What an autotuner keeps of its choice in a JIT cache folder (Triton's autotune(cache_results)).
+TUNING_FILES = ("*.autotune.json",)
+
+
+def _forget_tuning(jit: Path | None) -> None:
+    """An autotuner's choice, measured in a run stage that shared the GPU with other submissions'
+    (and so slowed by them, or on purpose by one of them), is not kept for the time stage: its
+    subject tunes again in its warm-up calls, alone. Compiled kernels stay."""
+    if jit is None:
+        return
+    for pattern in TUNING_FILES:
+        for path in jit.rglob(pattern):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str, jit: Path | None,
             *, base: dict, started: float, clock: "StageClock", checked: list[CaseResult],
             skipped: list[CaseResult], notes: list[str], log_id: str, timed: Case | None,
-            stages: "Stages | None") -> SubmissionResult:
+            stages: "Stages | None", timer: "TimeSubject | None" = None) -> SubmissionResult:
     """_grade_built after the check: the verdict from the cases and the kernels they launched,
-    then the time stage (on the run's subject when `stages` holds it) when all passed."""
+    then the time stage (on the run's subject when `stages` holds it, on `timer`'s when run
+    stages share the GPU) when all passed."""
     status = worst(c.status for c in checked)
     if stages is not None and (status is not Status.PASS or timed is None):
         stages.close()   # not timed: its subject goes before the GPU's health is checked
-    if any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked):
-        ensure_gpu_healthy(ctx)
+    if _failed_to_run(checked):
+        with alone(ctx.gate):   # no other submission's code beside the probe: its verdict is the GPU's
+            ensure_gpu_healthy(ctx)
 
     cases = _in_case_order(checked + skipped, ctx.cases)
     if not ctx.sandbox.active:
@@ -247,11 +328,16 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
         return _finish(base, Status.FLAGGED, flagged, cases=cases, notes=notes, started=started)
     timing, timed_case = None, None
     if status is Status.PASS and timed is not None:
-        ctx.progress.stage(sub.id, "time")
-        clock.start("time")
-        timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
-                                log_name=log_id, jit=jit, stages=stages)
-        clock.stop()
+        if timer is not None:
+            timer.settle()   # its preparation ends before its turn, not in it
+        asked = time.monotonic()
+        with alone(ctx.gate):
+            clock.waited(time.monotonic() - asked)
+            ctx.progress.stage(sub.id, "time")
+            clock.start("time")
+            timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),
+                                    log_name=log_id, jit=jit, stages=stages, timer=timer)
+            clock.stop()
         if isinstance(timed_run, tuple):
             status, message = timed_run
             return _finish(base, status, message, cases=cases, notes=notes, started=started)
@@ -401,7 +487,7 @@ class StageClock:
     process measured ("run.subject": results.RUN_PHASES; "time.loop": TIME_PHASES). The stage's
     own figure holds its parts, except for a run begun early (Lookahead), whose parts up to
     "waiting" overlapped the submission before it. "wait": time spent waiting for a preparation
-    to end (waited)."""
+    to end, or for the GPU's gate when run stages share it (waited)."""
 
     def __init__(self, build_s: float):
         self._seconds = {"build": build_s}
@@ -410,7 +496,7 @@ class StageClock:
 
     def waited(self, seconds: float) -> None:
         """Time in no stage: waiting for this submission's preparation to end at its turn
-        (Lookahead); "wait" in stage_s when there was any."""
+        (Lookahead), or for its GPU's gate (gate.py); "wait" in stage_s when there was any."""
         if seconds > 0.001:
             self._seconds["wait"] = self._seconds.get("wait", 0.0) + seconds
 
@@ -566,6 +652,7 @@ class WarmHarness:
         self.ready_r, self.decide_w = ready_r, decide_w
         self.key = _harness_key(env, cpus)
         self.closed = False
+        self.left: set[int] = set()   # processes still running after close (wait_exited)
 
     def begin(self, spec: dict, spec_path: Path, cpus: CpuSplit | None = None) -> None:
         """Its work: `spec` (harness_spec), written to `spec_path`, done on `cpus.gpu`. "spawned"
@@ -591,10 +678,13 @@ class WarmHarness:
         if self.closed:
             return
         self.closed = True
+        tree = process_tree(self.proc.pid)   # its subject's processes too, before any ends
         self.say(b"stop\n")
         if wait_s:
             self.wait(wait_s)   # the harness ends its subject (Link.close) and exits
         kill_group(self.proc)
+        # gone, each of them, before this returns (grader/gate.py's invariant); `left`: any not
+        self.left = wait_exited(tree, timeout_s=60)
         self.reader.join(timeout=10)
         for fd in (self.ready_r, self.decide_w):
             os.close(fd)
@@ -693,6 +783,56 @@ class Stages:
         self.harness.close(wait_s)
 
 
+class TimeSubject:
+    """A submission's time stage on a subject of its own (harness.time_prepared), for when run
+    stages share the GPU (gate.py): begun with its run stage or before it (Lookahead), its harness
+    and subject start CUDA and the profiler on the builds' CPUs and wait; on its turn, with the
+    GPU held alone, the submission is loaded from its JIT cache and timed. Its run stage's
+    subject, which ran beside other submissions' code, is gone by then. Always closed."""
+
+    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus: CpuSplit | None):
+        self.result = Path(spec["result"])
+        self.time_s = spec["deadline_s"] + 300
+        self.ready: bool | None = None
+        self.harness = WarmHarness(env, cpus)
+        try:
+            self.harness.begin(spec, spec_path, cpus)
+        except BaseException:
+            self.harness.close(wait_s=0)
+            raise
+
+    def settle(self, timeout_s: float = config.PREPARE_S) -> bool:
+        """Wait until its harness says "prepared" (or has died, or timeout_s passed: then it is
+        killed)."""
+        if self.ready is None:
+            self.ready = self.harness.said(timeout_s).startswith(b"prepared")
+            if not self.ready:
+                self.harness.close(wait_s=0)
+        return self.ready
+
+    def time(self) -> tuple[dict | None, str]:
+        """The time stage, to its end: its record (None when its subject never got to its turn)
+        and the log text."""
+        if self.settle():
+            self.harness.say(b"run\n")
+            self.harness.wait(self.time_s)
+        self.close()
+        return harness_record(self.result, self.harness.reader.text())
+
+    def close(self) -> None:
+        self.harness.close(wait_s=30 if self.ready else 0)
+
+
+def time_subject(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case, work: Path,
+                 jit: Path | None) -> TimeSubject:
+    """`sub`'s TimeSubject, begun now: its record goes to work/time.json."""
+    fields = _time_fields(timed, ctx, work)
+    del fields["result"]   # harness_spec's: work/time.json
+    spec, spec_path = harness_spec("time", _target(sub, build), ctx, work, folder=_folder(sub, build),
+                                   jit=jit, prepare=True, **fields)
+    return TimeSubject(spec, spec_path, env=ctx.env, cpus=ctx.cpus)
+
+
 def run_once(spec: dict, spec_path: Path, *, env: dict, cpus: CpuSplit | None
              ) -> tuple[dict | None, str]:
     """A harness's run of `spec` to its end, on a warm harness (take_harness): its record and
@@ -784,6 +924,7 @@ class Prepared:
     stages: "Stages"
     folders: contextlib.ExitStack
     ready: bool | None = None   # None until settled: prepared, or not (then closed)
+    timer: TimeSubject | None = None   # its time stage's subject, when run stages share the GPU
 
     def settle(self, timeout_s: float = config.PREPARE_S) -> bool:
         """Wait until its harness says "prepared" (or has died, or timeout_s passed: then it is
@@ -798,6 +939,8 @@ class Prepared:
         """Its processes and folders gone; one still preparing (not reading its control pipe) is
         killed at once."""
         self.stages.close(wait_s=30 if self.ready else 0)
+        if self.timer is not None:
+            self.timer.close()
         self.folders.close()
 
 
@@ -813,10 +956,12 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
         work = Path(folders.enter_context(_work_folder(sub)))
         spec, spec_path = stages_spec(sub, build, runnable, ctx, work, jit, timed, prepare=True)
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus, spare=False)
+        folders.callback(stages.close, wait_s=0)   # (a no-op once closed)
+        timer = time_subject(sub, build, ctx, timed, work, jit) if ctx.gate is not None else None
     except BaseException:
         folders.close()
         raise
-    return Prepared(sub, work, jit, stages, folders)
+    return Prepared(sub, work, jit, stages, folders, timer=timer)
 
 
 class Lookahead:
@@ -843,7 +988,7 @@ class Lookahead:
                        and id(sub) not in begun]
 
     def begin(self, ctx: GradeContext, timed: Case | None) -> None:
-        while timed is not None and self.queued and len(self.prepared) < config.LOOKAHEAD:
+        while timed is not None and self.queued and len(self.prepared) < ctx.lookahead:
             sub, build = self.queued.pop(0)
             try:
                 prepared = prepare(sub, build, ctx, timed)
@@ -936,13 +1081,24 @@ def _time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
 
 def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Path],
                 log_name: str | None = None, jit: Path | None = None,
-                stages: Stages | None = None) -> TimedRun | tuple[Status, str]:
+                stages: Stages | None = None,
+                timer: "TimeSubject | None" = None) -> TimedRun | tuple[Status, str]:
     """Timing statistics of one case, measured by the harness (on the run stage's subject when
-    `stages` are given, else on a new one); or (status, message) if the subject failed while
-    being timed."""
+    `stages` are given, on `timer`'s prepared one, else on a new one); or (status, message) if
+    the subject failed while being timed."""
+    record = None
     if stages is not None:
         record, output = stages.time()
-    else:
+    elif timer is not None:
+        record, output = timer.time()
+        if record is None:   # it gave up before loading anything (harness.time_prepared)
+            if stopping():
+                raise Cancelled("the run is stopping: a prepared time stage was stopped")
+            tail = "\n".join(output.strip().splitlines()[-15:])
+            ctx.progress.note(f"{log_name or target}: its time stage's prepared subject did not "
+                              f"start; timing on a new one" + (f"; its harness said:\n{tail}"
+                                                               if tail else ""))
+    if record is None and stages is None:
         with tempfile.TemporaryDirectory(prefix="time-", dir=_scratch()) as tmp:
             fields = _time_fields(case, ctx, Path(tmp))
             del fields["result"]
@@ -1075,7 +1231,9 @@ def worker_contexts(ctx: GradeContext) -> list[GradeContext]:
         if device.cuda and minor is None and len(devices) > 1:
             ctx.progress.note(f"{device.label}: its device node (/dev/nvidiaN) was not found; "
                               f"its submissions' processes can open every GPU's node")
-        workers.append(dataclasses.replace(ctx, device=device, slot=slot,
+        lanes = ctx.lanes if device.cuda else 1
+        workers.append(dataclasses.replace(ctx, device=device, slot=slot, lanes=lanes,
+                                           gate=GpuGate() if lanes > 1 else None,
                                            sandbox=ctx.sandbox.for_gpu(minor),
                                            progress=ctx.progress if len(devices) == 1
                                            else ctx.progress.on(device.label)))
@@ -1137,10 +1295,11 @@ class _Jobs:
 
 def grading_context(*, cases, device: DeviceInfo, gpus: list[DeviceInfo], limits: config.Limits,
                     out_dir: Path, build_dir: Path, progress: Progress, sandbox: Sandbox,
-                    calibration: bool, policy, build_cache: BuildCache | None) -> GradeContext:
+                    calibration: bool, policy, build_cache: BuildCache | None,
+                    lanes: int = 1) -> GradeContext:
     """A grading run's context (`grade`, `check`, one Slurm task): one GPU worker per GPU of
-    `gpus` when there are several."""
-    return GradeContext(cases=tuple(cases), device=device, limits=limits, out_dir=out_dir,
+    `gpus` when there are several, each with `lanes` (worker_contexts)."""
+    return GradeContext(cases=tuple(cases), device=device, limits=limits, out_dir=out_dir, lanes=lanes,
                         build_dir=build_dir, progress=progress, sandbox=sandbox,
                         calibration=calibration,
                         precision=(policy.precision_factor, policy.precision_floor),
@@ -1251,13 +1410,30 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
     errors: list[BaseException] = []
 
     def work(slot: int, worker: GradeContext) -> None:
-        with gpu_worker(slot), keep_warm():
-            try:
+        """GPU `slot`'s worker: the protocol calibrated on it, then its lanes (worker.lanes
+        threads, this one among them) taking jobs, their run stages sharing the GPU and their
+        time stages one at a time (gate.py); one lane grades as before lanes."""
+        try:
+            with gpu_worker(slot):
                 if graded:   # while the first builds compile
                     worker = dataclasses.replace(worker, protocol=calibrate_protocol(worker, reuse=reused))
+            lanes = [threading.Thread(target=lane, args=(slot, worker), daemon=True,
+                                      name=f"gpu-worker-{slot}.{k}") for k in range(1, worker.lanes)]
+            for t in lanes:
+                t.start()
+            lane(slot, worker)
+            for t in lanes:
+                t.join()
+        except BaseException as e:   # Cancelled (stopping), a grader bug
+            errors.append(e)
+            jobs.stop()
+
+    def lane(slot: int, worker: GradeContext) -> None:
+        with gpu_worker(slot), keep_warm():
+            try:
                 job, ahead = jobs.take(slot), deque()
                 while job is not None:
-                    while len(ahead) < config.LOOKAHEAD:   # begun while this one runs
+                    while len(ahead) < worker.lookahead:   # begun while this one runs
                         upcoming = jobs.take(slot, wait=False)
                         if upcoming is None:
                             break
@@ -1272,8 +1448,10 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
     def grade_job(job, worker: GradeContext) -> None:
         what, entry, sub, build_result = job
         if what == "baseline":
-            worker.progress.stage(entry.id, "time")
-            record(grade_baseline(entry.id, worker), entry, worker)
+            with alone(worker.gate):
+                worker.progress.stage(entry.id, "time")
+                result = grade_baseline(entry.id, worker)
+            record(result, entry, worker)
             return
         started = time.monotonic()
         try:
@@ -1282,9 +1460,15 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             raise
         except Exception as e:   # a grader bug: this submission's result says so, then go on
             worker.progress.note(f"{sub.id}: grader error\n{traceback.format_exc(limit=12)}")
+            status, message = Status.RUNTIME_ERROR, f"grader error: {e!r}; tell the instructor"
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                # the machine's scratch space, which another submission may have filled: never
+                # this one's verdict; not scored, and graded again by the next run
+                status, message = Status.ENVIRONMENT_ERROR, (
+                    f"the grading machine ran out of scratch space while grading this submission "
+                    f"({e!r}): the machine's fault, not your submission's; it will be graded again")
             result = SubmissionResult(id=sub.id, label=_label(sub), kind=sub.kind.value,
-                                      role=sub.role.value, status=Status.RUNTIME_ERROR,
-                                      message=f"grader error: {e!r}; tell the instructor",
+                                      role=sub.role.value, status=status, message=message,
                                       build=build_result, graded_at=now(),
                                       wall_s=round(time.monotonic() - started, 2))
         record(result, entry, worker if build_result.status is Status.PASS else None)

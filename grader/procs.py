@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Iterable
 
 from . import config
@@ -360,6 +361,57 @@ def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
     return ProcResult(returncode=None if timed_out else proc.returncode, timed_out=timed_out,
                       elapsed_s=time.monotonic() - start, output=reader.text(),
                       output_bytes=reader.total)
+
+
+def process_tree(root: int) -> set[int]:
+    """`root` and every process descended from it (host pids, from /proc)."""
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid in tree:
+            continue
+        tree.add(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return tree
+
+
+def started_at(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field), telling it from
+    a later process given the same pid; None when it has exited: every thread of it ended (a
+    zombie has let go of its files, and so of any GPU context). A leader that ended its own
+    thread while others run (pthread_exit) shows as a zombie: its threads are looked at too."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            tasks = os.listdir(f"/proc/{pid}/task")
+            if not any(_task_state(pid, t) not in ("Z", "X", None) for t in tasks):
+                return None
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _task_state(pid: int, task: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def wait_exited(pids: set[int], timeout_s: float) -> set[int]:
+    """Up to timeout_s for each of `pids` (as they are now) to exit; those still running then."""
+    alive = {pid: started_at(pid) for pid in pids}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = {pid: t for pid, t in alive.items() if t is not None and started_at(pid) == t}
+        if not alive or time.monotonic() > deadline:
+            return set(alive)
+        time.sleep(0.05)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

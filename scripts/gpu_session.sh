@@ -18,6 +18,8 @@
 # the driver link it needs), tracks (the CuTe and TileLang examples checked), test-gpu (without
 # the adversarial set), examples (make grade of examples/ with the baselines), adversarial,
 # timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py),
+# lanes (COPIES, LANES, STOP_AFTER: a short course, then 1 GPU with lanes 3 and 1), lanes-warm
+# (a cold course, then the same with its builds reused, lanes 3 and 1),
 # wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
 # probe (bench/protocol_probe.py --solution $PROBE_ARGS).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
@@ -70,6 +72,18 @@ task() {
         bench) make bench && cp bench/results.json "$OUT/" ;;
         bench-grader) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="${BENCH_ARGS:-}" \
                           && cp bench/grader_bench.json "$OUT/" ;;
+        # issue 13's lanes: a short course first (stops here if any verdict is unexpected), then
+        # 100 copies from a cold build cache with 3 lanes and with 1, side by side
+        lanes) make bench-grader COPIES=6 BENCH_ARGS="--no-baselines --lanes 3 --out bench/grader_bench_lanes_smoke.json" \
+                   && cp bench/grader_bench_lanes_smoke.json "$OUT/" \
+                   && make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--stop-after ${STOP_AFTER:-600} --no-baselines --lanes ${LANES:-3 1} --out bench/grader_bench_lanes.json" \
+                   && cp bench/grader_bench_lanes.json "$OUT/" ;;
+        # lanes on a regrade: a cold course of COPIES to fill the build cache (one lane), then
+        # the same course with its builds reused, 3 lanes and 1 side by side
+        lanes-warm) make bench-grader COPIES="${COPIES:-40}" BENCH_ARGS="--no-baselines --lanes 1 --out bench/grader_bench_lanes_cold.json" \
+                        && cp bench/grader_bench_lanes_cold.json "$OUT/" \
+                        && make bench-grader COPIES="${COPIES:-40}" BENCH_ARGS="--warm --no-baselines --lanes ${LANES:-3 1} --out bench/grader_bench_lanes_warm.json" \
+                        && cp bench/grader_bench_lanes_warm.json "$OUT/" ;;
         wheels) make env && for whl in .whl-*/*.whl; do
                     [ -f "$whl" ] && { .venv/bin/python -m pip install -q --no-index --no-deps "$whl" \
                                            || python3 -m pip --python .venv/bin/python install -q --no-index --no-deps "$whl"; }

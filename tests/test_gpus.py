@@ -8,22 +8,27 @@ import _thread
 import argparse
 import contextlib
 import dataclasses
+import errno
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from grader import config, device as device_mod, harness, pipeline, procs, sandbox as sandbox_mod
+from grader import config, device as device_mod, pipeline, procs, sandbox as sandbox_mod
 from grader.build import BuildResult
 from grader.cases import Case
+from grader.correctness import CaseResult
 from grader.device import DeviceInfo, GpuSelectionError, parse_gpus, select_gpus
+from grader.gate import GpuGate
 from grader.progress import Progress
 from grader.report import build_rows, gpu_agreement, render_leaderboard, text_table
 from grader.results import (TIME_PHASES, GpuRef, SubmissionResult, load_result, read_gpu_copies,
@@ -408,7 +413,7 @@ def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjec
         # a prepared subject that died while it waited: the run starts anew, the usual way
         assert dying is not None and dying.ready
         harness_pid = dying.stages.harness.proc.pid
-        for pid in harness.process_tree(harness_pid) - {harness_pid}:
+        for pid in procs.process_tree(harness_pid) - {harness_pid}:
             os.kill(pid, signal.SIGKILL)
         with dying.folders, pytest.raises(pipeline.NotStarted):   # grade_submission: anew
             pipeline.run_cases(subs[2], built, [case], ctx, dying.work, dying.jit, case, dying)
@@ -457,20 +462,15 @@ def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes
     assert seen == dict(folders=[(True, True)], claimed=True)
 
 
-def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(tmp_path):
-    """The real `grade` (builds in threads, the GPU worker, runs begun early, the warm checker,
-    time stages) with a GPU's flow driven on the CPU (tests/gpu_flow_on_cpu.py): builds go on
-    while the first runs are begun early, as in a course; session 14's lost folders showed here
-    as grader errors. Every submission is run, checked and timed, and all but the first two runs
-    (graded before any build was ready to begin) are begun early."""
+def _course_on_the_cpu(tmp_path, kernel: str, *grader_args: str) -> tuple[dict, str]:
+    """`grade` of 8 Python submissions (`kernel`, each with its number in a comment) with a GPU's
+    flow driven on the CPU (tests/gpu_flow_on_cpu.py): the results by id, and what it said."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs")
     course = tmp_path / "course"
     for i in range(8):
         (course / f"t{i}").mkdir(parents=True)
-        (course / f"t{i}" / "submission.py").write_text(
-            "import torch\ndef custom_kernel(data):\n    q, k, v = data\n    return torch.nn."
-            f"functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()\n# {i}\n")
+        (course / f"t{i}" / "submission.py").write_text(textwrap.dedent(kernel) + f"# {i}\n")
     cases = tmp_path / "cases.txt"
     cases.write_text("batch_size: 1; num_heads: 2; seq_len: 16; head_dim: 64; seed: 1\n"
                      "batch_size: 1; num_heads: 2; seq_len: 40; head_dim: 64; seed: 2\n")
@@ -481,7 +481,7 @@ def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(t
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).parent / "gpu_flow_on_cpu.py"), "grade", str(course),
          "--out", str(out), "--build-dir", str(tmp_path / "build"), "--cases", str(cases),
-         "--no-hidden", "--no-baselines", "--no-solution", "--calibration"],
+         "--no-hidden", "--no-baselines", "--no-solution", "--calibration", *grader_args],
         capture_output=True, text=True, timeout=1200, env=env, cwd=config.REPO_ROOT)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 0, said[-3000:]
@@ -489,13 +489,65 @@ def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(t
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("t*.json")}
     # on the CPU no kernel explains the timed calls' time: flagged when it is above the allowance
     assert len(results) == 8 and {r["status"] for r in results.values()} <= {"pass", "flagged"}, said[-3000:]
-    begun = sorted(n for n, r in results.items() if "run.load" in (r.get("stage_s") or {}))
-    assert len(begun) >= 6, (begun, said[-3000:])
     # every time stage says where its seconds went, its parts within it (results.TIME_PHASES)
     for name, r in results.items():
         stage_s = r["stage_s"]
         parts = [stage_s[f"time.{p}"] for p in TIME_PHASES]
         assert 0 < sum(parts) <= stage_s["time"], (name, stage_s)
+    return results, said
+
+
+def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(tmp_path):
+    """The real `grade` (builds in threads, the GPU worker, runs begun early, the warm checker,
+    time stages) with a GPU's flow driven on the CPU, one submission at a time (--lanes 1):
+    builds go on while the first runs are begun early, as in a course; session 14's lost folders
+    showed here as grader errors. Every submission is run, checked and timed, and all but the
+    first two runs (graded before any build was ready to begin) are begun early."""
+    results, said = _course_on_the_cpu(tmp_path, """
+        import torch
+        def custom_kernel(data):
+            q, k, v = data
+            return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+        """, "--lanes", "1")
+    begun = sorted(n for n, r in results.items() if "run.load" in (r.get("stage_s") or {}))
+    assert len(begun) >= 6, (begun, said[-3000:])
+
+
+def test_on_lanes_run_stages_share_the_gpu_and_nothing_runs_beside_a_timed_call(tmp_path):
+    """grade --lanes 3 (issue 13, grader/gate.py) with the GPU's flow on the CPU. Each call of
+    every subject prints its process's token and CLOCK_MONOTONIC (one clock machine-wide, sandbox
+    or not), and the logs keep what each stage's subject printed. The run stages of several
+    submissions overlap, which is what lanes are for; yet while one submission's calls are timed
+    (from its time stage's first call to its last), no call of any other submission happens; and
+    each is timed on a subject of its own, not the one its cases ran on beside the others."""
+    results, said = _course_on_the_cpu(tmp_path, """
+        import os, time, torch
+        TOKEN, CALLS = os.urandom(6).hex(), []
+        def custom_kernel(data):
+            print(f"CALL {TOKEN} {time.monotonic():.6f}", flush=True)
+            CALLS.append(1)
+            time.sleep(1.0 if len(CALLS) <= 2 else 0.01)   # the cases, or the warm-up: slow
+            q, k, v = data
+            return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+        """, "--lanes", "3")
+    logs = tmp_path / "results" / "logs"
+
+    def calls(name: str, stage: str) -> list[tuple[str, float]]:
+        text = (logs / f"{name}.{stage}.log").read_text()
+        return [(m.group(1), float(m.group(2))) for m in re.finditer(r"CALL (\w+) ([\d.]+)", text)]
+
+    runs = {n: calls(n, "run") for n in results}
+    times = {n: calls(n, "time") for n in results}
+    for n in results:
+        assert len(runs[n]) == 2 and len(times[n]) >= 4, (n, runs[n], times[n])
+        assert not {t for t, _ in runs[n]} & {t for t, _ in times[n]}, n   # a fresh subject
+        start, end = min(t for _, t in times[n]), max(t for _, t in times[n])
+        for other in results:
+            if other != n:
+                beside = [t for _, t in runs[other] + times[other] if start <= t <= end]
+                assert not beside, (n, other, start, end, beside)
+    spans = sorted((min(t for _, t in r), max(t for _, t in r)) for r in runs.values())
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans   # run stages overlapped
 
 
 def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
@@ -724,3 +776,90 @@ def test_one_gpu_pages_and_tables_are_unchanged():
     assert " gpu " not in text_table(rows, width=120)
     page = render_leaderboard(rows, one, history=[])
     assert "<h2>GPUs</h2>" not in page and 'colspan="7"' in page
+
+
+def test_a_full_scratch_disk_is_the_machines_fault_not_the_submissions(course, monkeypatch):
+    """Issue 13's red team: a submission that fills the scratch disk (its JIT cache folder)
+    makes the grader's own writes fail for the submission graded beside or after it. That is
+    an environment_error (never scored, graded again by the next run), not a grader error that
+    counts as the victim's runtime_error; the other submissions are graded as usual."""
+    real = pipeline.grade_submission
+
+    def full(sub, build, ctx, source=""):
+        if sub.id == "s3":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(sub, build, ctx, source)
+
+    monkeypatch.setattr(pipeline, "grade_submission", full)
+    ctx, graded = course.grade([gpu(0)])
+    victim = load_result(ctx.out_dir / "s3.json")
+    assert victim.status is Status.ENVIRONMENT_ERROR, victim.message
+    assert "ran out of scratch space" in victim.message and "graded again" in victim.message
+    assert not victim.status.scored   # not scored
+    assert {r.status for r in graded if r.id != "s3"} == {Status.PASS}
+
+
+@pytest.mark.parametrize("company", [True, False])
+def test_a_run_stage_that_failed_beside_others_is_run_again_alone(
+        monkeypatch, tmp_path, make_submission, small_case, company):
+    """grade --lanes (grader/gate.py): a case that failed (out of memory here) while another
+    submission's run stage shared the GPU may be that one's doing. The cases run again with the
+    GPU held alone before the verdict counts. A run stage that had the GPU to itself (no
+    company) keeps its failure: nothing is run twice."""
+    cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu")
+    ctx = dataclasses.replace(_ctx(tmp_path, small_case, [cpu]), gate=GpuGate(), lanes=3)
+    sub = inspect_folder(make_submission("s", "def custom_kernel(data):\n    return data[0]\n"))
+    tries = []
+
+    def ran(status: str, cases):
+        return pipeline.Ran({c.id: dict(status=status, message="CUDA out of memory" if status != "pass"
+                                         else "", elapsed_s=0.1) for c in cases}, status, None, {})
+
+    def first(sub_, build, cases, ctx_, work, jit=None, timed=None, prepared=None):
+        tries.append("alone" if ctx_.gate.held_alone else "shared")
+        time.sleep(0.3)
+        return ran("runtime_error", cases)
+
+    def again(sub_, build, cases, ctx_, work, jit=None, timed=None, prepared=None):
+        tries.append("alone" if ctx_.gate.held_alone else "shared")
+        return ran("pass", cases)
+
+    monkeypatch.setattr(pipeline, "run_cases_under_load", first)
+    monkeypatch.setattr(pipeline, "run_cases", again)
+    monkeypatch.setattr(pipeline, "check_outputs", lambda cases, runs, **kw: [
+        CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"], c.hidden) for c in cases])
+    monkeypatch.setattr(pipeline, "ensure_gpu_healthy", lambda ctx: None)
+    other = threading.Event()
+
+    def beside():   # another lane's run stage, under way when this one starts
+        with ctx.gate.shared():
+            other.set()
+            time.sleep(0.5)
+
+    neighbour = threading.Thread(target=beside)
+    if company:
+        neighbour.start()
+        other.wait(10)
+    result = pipeline.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx)
+    if company:
+        neighbour.join(10)
+        assert tries == ["shared", "alone"] and result.status is Status.PASS, result.message
+        assert "running its cases again alone" in ctx.progress.stream.getvalue()
+    else:
+        assert tries == ["shared"] and result.status is Status.RUNTIME_ERROR
+
+
+def test_what_a_shared_run_stage_tuned_is_forgotten_and_its_kernels_kept(tmp_path):
+    """grade --lanes: an autotuner's choice cached in a run stage that shared the GPU (Triton's
+    autotune(cache_results)) was measured beside other submissions, which could have slowed it
+    on purpose. It is removed before the time stage, whose subject tunes again alone; the
+    compiled kernels stay."""
+    jit = tmp_path / "jit"
+    (jit / "triton" / "ab12").mkdir(parents=True)
+    tuned = jit / "triton" / "ab12" / "attn_fwd.autotune.json"
+    kernel = jit / "triton" / "ab12" / "attn_fwd.cubin"
+    tuned.write_text("{}")
+    kernel.write_bytes(b"\0")
+    pipeline._forget_tuning(jit)
+    assert not tuned.exists() and kernel.exists()
+    pipeline._forget_tuning(None)   # no JIT folder (a CUDA build): nothing to do

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader import config, harness
+from grader import config, harness, procs
 from grader.cases import Case
 from grader.inputs import make_random_inputs
 from grader.pipeline import SUBJECT
@@ -261,6 +261,39 @@ def test_each_timed_output_is_checked_whole_for_writes_and_in_random_slices_for_
     assert 0 < verify["wrong"] < 40             # each call looks at 4 of the 16 slices
     assert "4 of its 16 (batch, head) slices" in verify["first_wrong"]
     assert "(1, 5, 0, " in verify["first_wrong"]   # where in the whole output, not in the sample
+
+
+def test_a_spot_check_compares_slices_picked_after_the_calls_with_the_fp32_reference():
+    """Issue 13: the time stage's three spot checks take the fp32 reference and the precision
+    budget on TIMING_SPOT_HEADS (batch, head) slices each, not on the whole output (1.45 s of a
+    5.25 s time stage on the largest case). A kept output wrong in one slice is found exactly
+    when that slice is picked, and the finding names its place in the whole output."""
+    case = Case(2, 4, 16, 64, seed=1)
+    seed = 9
+    inputs = make_random_inputs(case.shape, seed=seed, device="cpu")
+    right = torch.nn.functional.scaled_dot_product_attention(*(t.float() for t in inputs)).half()
+    wrong = right.clone()
+    wrong[1, 2] += 0.5                      # slice 1 * 4 + 2 = 6 of 8
+    spec = dict(precision=dict(precision_factor=2.0, precision_floor=1e-3))
+    found = set()
+    for draw in range(12):
+        picked = harness.pick_slices(random.Random(draw), case, 3)
+        spots = harness.check_samples([(4, seed, right), (7, seed, wrong)], case, spec,
+                                      random.Random(draw), heads=3)
+        assert len(picked) == 3 and [s["call"] for s in spots] == [4, 7]
+        assert all(s["slices"] == 3 for s in spots)
+        assert spots[0]["finding"]["ok"]
+        # the second output's slices are drawn after the first's, from the same generator
+        second = random.Random(draw)
+        harness.pick_slices(second, case, 3)
+        has_six = 6 in harness.pick_slices(second, case, 3)
+        assert spots[1]["finding"]["ok"] is not has_six
+        if has_six:
+            assert spots[1]["finding"]["first_bad"][0]["index"][:2] == [1, 2]
+        found.add(has_six)
+    assert found == {True, False}
+    # with no more slices than asked for, all of them are compared
+    assert harness.pick_slices(random.Random(0), Case(1, 2, 16, 64, seed=1), 32) == [0, 1]
 
 
 def test_what_the_subject_reports_is_matched_to_the_timed_call_it_is_about(tmp_path):
@@ -511,7 +544,7 @@ def test_a_run_begun_early_waits_on_the_builds_cpus_and_runs_on_the_gpu_stages(t
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
     try:
         assert prepared.settle(120)
-        tree = harness.process_tree(stages.harness.proc.pid)
+        tree = procs.process_tree(stages.harness.proc.pid)
         assert len(tree) >= 2   # the harness and its subject (and bubblewrap's, where it runs)
         for pid in tree:
             for task in os.listdir(f"/proc/{pid}/task"):
@@ -565,7 +598,7 @@ def test_a_run_begun_early_whose_subject_died_while_it_waited_says_so_on_its_tur
     try:
         assert prepared.settle(120)
         own = stages.harness.proc.pid
-        for pid in harness.process_tree(own) - {own}:
+        for pid in procs.process_tree(own) - {own}:
             os.kill(pid, signal.SIGKILL)
         stages.go()
         ran, log = stages.ran(120)

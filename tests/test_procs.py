@@ -238,3 +238,32 @@ def test_a_child_s_import_path_never_holds_its_current_folder(monkeypatch, tmp_p
                            cwd=tmp_path / "cwd")
     path = eval(probe.stdout)
     assert "" not in path and "rel" not in path and str(tmp_path / "cwd") not in path, path
+
+
+def test_a_process_whose_leader_thread_ended_is_waited_for_until_its_last_thread_ends():
+    """procs.wait_exited (a run stage's subject gone before a time stage may begin, issue 13):
+    a process whose main thread called pthread_exit shows as a zombie while another thread of it
+    still runs (and could still hold a CUDA context). It counts as running until every thread
+    has ended; a process that has exited counts as gone at once."""
+    code = ("import ctypes, threading, time\n"
+            "threading.Thread(target=time.sleep, args=(1.5,)).start()\n"
+            "ctypes.CDLL(None).pthread_exit(None)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:   # the leader's thread has ended: a zombie leader
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                break
+            time.sleep(0.02)
+        assert state == "Z"
+        assert procs.started_at(proc.pid) is not None   # its other thread still runs
+        assert procs.wait_exited({proc.pid}, timeout_s=0.2) == {proc.pid}
+        started = time.monotonic()
+        assert procs.wait_exited({proc.pid}, timeout_s=10) == set()
+        assert time.monotonic() - started > 0.3   # it waited for the last thread
+    finally:
+        proc.kill()
+        proc.wait()
+    assert procs.started_at(proc.pid) is None
+    assert procs.wait_exited({proc.pid}, timeout_s=0) == set()

@@ -1,0 +1,111 @@
+"""Who may use one GPU when run stages share it (issue 13, config.GPU_LANES).
+
+The invariant it keeps: **while a call is timed on a GPU, no other submission's code runs on
+that machine's view of the GPU**, and no trusted work of the grader's but the timed call's own
+harness does GPU work there beyond what a preparation does (CUDA's start, buffers, the
+profiler's first start: bench/prepare_overlap_probe.json measured them beside timed calls).
+
+- Run and check stages hold the gate *shared*, any number at once: the submissions' JIT
+  compiles and cases overlap, and nothing of them is timed.
+- A time stage (and the calibration, a baseline) holds it *alone*: it waits until every shared
+  holder has let go, and a shared holder lets go only once its subject's processes have exited
+  (pipeline._let_go). While a time stage waits, no new shared holder starts, so a time stage
+  waits at most for the run stages already under way.
+- Each submission is timed on a fresh subject (pipeline.TimeSubject): its run stage's subject,
+  which other submissions' code ran beside, is killed before the gate is let go.
+
+The gate is the grader's own object in its own process: no submission process can see or
+change it. Waits give up with Cancelled when the run stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from .procs import Cancelled, stopping
+
+
+class Company:
+    """One shared hold: whether any other holder, shared, held the gate at some time during it
+    (crowded). A run stage that failed in company is run again alone before it counts: another
+    submission beside it could have used up the GPU's memory or time."""
+
+    def __init__(self):
+        self.crowded = False
+
+
+class GpuGate:
+    """One GPU's gate: shared holds (run and check stages) or one alone (a time stage), never
+    both; a waiting alone goes before new shared holds."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._holders: set[Company] = set()
+        self._alone = False
+        self._waiting = 0   # alone holds waiting: no new shared hold starts meanwhile
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[Company]:
+        company = Company()
+        with self._cond:
+            self._wait(lambda: not self._alone and not self._waiting)
+            for other in self._holders:
+                other.crowded = True
+            company.crowded = bool(self._holders)
+            self._holders.add(company)
+        try:
+            yield company
+        finally:
+            with self._cond:
+                self._holders.discard(company)
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                self._wait(lambda: not self._alone and not self._holders)
+            finally:
+                self._waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._cond.notify_all()
+
+    @property
+    def held_alone(self) -> bool:
+        """Whether a time stage (or another alone hold) has the GPU now."""
+        return self._alone
+
+    def _wait(self, ready) -> None:
+        while not ready():
+            if stopping():
+                self._cond.notify_all()
+                raise Cancelled("the run is stopping")
+            self._cond.wait(timeout=0.5)
+
+
+@contextlib.contextmanager
+def alone(gate: GpuGate | None) -> Iterator[None]:
+    """gate.alone(), or nothing where runs do not share the GPU (no gate)."""
+    if gate is None:
+        yield
+    else:
+        with gate.alone():
+            yield
+
+
+@contextlib.contextmanager
+def shared(gate: GpuGate | None) -> Iterator[Company]:
+    """gate.shared(), or a Company never crowded where runs do not share the GPU."""
+    if gate is None:
+        yield Company()
+    else:
+        with gate.shared() as company:
+            yield company
