@@ -88,6 +88,15 @@ class GradeContext:
         return max(1, len(self.gpus))
 
     @property
+    def run_cpus(self) -> CpuSplit:
+        """Where a run stage's harness and subject run: on the GPU stages' CPUs; when run stages
+        share the GPU (lanes), on the builds' (idle in a regrade), leaving the GPU stages' three
+        to the time stages and the checker. Session 16's lanes ran three run stages on those
+        three, and their run stages took 5.5 s against 3.7 s (notes/throughput.md)."""
+        cpus = self.cpus
+        return cpus if self.gate is None else dataclasses.replace(cpus, gpu=cpus.build)
+
+    @property
     def lookahead(self) -> int:
         """How many of a lane's next submissions are begun early (Lookahead): one per lane when
         run stages share the GPU, each with its run's and its time stage's subjects."""
@@ -871,7 +880,7 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
         stages.go()
     elif timed is not None and timed in cases:
         spec, spec_path = stages_spec(sub, build, cases, ctx, work, jit, timed)
-        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus)
+        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.run_cpus)
     if stages is not None:
         try:
             _AHEAD.begin(ctx, timed)
@@ -955,7 +964,7 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
         jit = folders.enter_context(jit_cache(sub))
         work = Path(folders.enter_context(_work_folder(sub)))
         spec, spec_path = stages_spec(sub, build, runnable, ctx, work, jit, timed, prepare=True)
-        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.cpus, spare=False)
+        stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.run_cpus, spare=False)
         folders.callback(stages.close, wait_s=0)   # (a no-op once closed)
         timer = time_subject(sub, build, ctx, timed, work, jit) if ctx.gate is not None else None
     except BaseException:

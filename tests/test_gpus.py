@@ -19,6 +19,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -863,3 +864,37 @@ def test_what_a_shared_run_stage_tuned_is_forgotten_and_its_kernels_kept(tmp_pat
     pipeline._forget_tuning(jit)
     assert not tuned.exists() and kernel.exists()
     pipeline._forget_tuning(None)   # no JIT folder (a CUDA build): nothing to do
+
+
+def test_on_lanes_run_stages_leave_the_gpu_stages_cpus_to_the_time_stages(
+        monkeypatch, tmp_path, small_case, make_submission):
+    """grade --lanes: the run stages that share a GPU run on the builds' CPUs (idle in a
+    regrade), so that three of them do not crowd the GPU stages' three CPUs, which stay the time
+    stages' and the checker's. One lane: the run stage keeps the GPU stages' CPUs, as before."""
+    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda pid: set(range(16)))
+    one = _ctx(tmp_path, small_case, [gpu(0)])
+    assert one.run_cpus == one.cpus and one.cpus.gpu == (13, 14, 15)
+    lanes = dataclasses.replace(one, lanes=3, gate=GpuGate())
+    assert lanes.run_cpus.gpu == lanes.run_cpus.build == tuple(range(13))
+    assert lanes.cpus.gpu == (13, 14, 15)
+    seen = {}
+
+    class Recorded:
+        def __init__(self, spec, spec_path, *, env, cpus, spare=True):
+            seen["run"] = cpus
+
+        def close(self, wait_s=30):
+            pass
+
+    def timer(sub, build, ctx, timed, work, jit):
+        seen["time"] = ctx.cpus
+        return types.SimpleNamespace(close=lambda: None)
+
+    monkeypatch.setattr(pipeline, "Stages", Recorded)
+    monkeypatch.setattr(pipeline, "time_subject", timer)
+    sub = inspect_folder(make_submission("s", "def custom_kernel(data):\n    return data[2]\n"))
+    prepared = pipeline.prepare(sub, BuildResult(Status.PASS, "import", 0.1), lanes, small_case)
+    try:
+        assert seen == dict(run=lanes.run_cpus, time=lanes.cpus)
+    finally:
+        prepared.close()
