@@ -179,11 +179,16 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
                 return _grade_built(sub, build, ctx, source, prepared.jit, prepared,
                                     time.monotonic() - turn)
         except NotStarted as gone:   # graded anew below, in new folders, its time counted as waiting
-            tail = "\n".join(gone.output.strip().splitlines()[-15:])
             ctx.progress.note(f"{sub.id}: its run begun early did not start; running it anew"
-                              + (f"; its harness said:\n{tail}" if tail else ""))
+                              + _harness_said(gone.output))
     with jit_cache(sub) as jit:
         return _grade_built(sub, build, ctx, source, jit, waited_s=time.monotonic() - turn)
+
+
+def _harness_said(output: str) -> str:
+    """A note's tail: the last lines of a harness that ended with no record, if any."""
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    return f"; its harness said:\n{tail}" if tail else ""
 
 
 class NotStarted(Exception):
@@ -675,6 +680,14 @@ class WarmHarness:
         ready, _, _ = select.select([self.ready_r], [], [], timeout_s)
         return os.read(self.ready_r, 16) if ready else b""
 
+    def prepared(self, timeout_s: float) -> bool:
+        """Whether it says "prepared" (spec "prepare") within timeout_s; if not (it died, or
+        is still preparing), it is closed at once."""
+        ready = self.said(timeout_s).startswith(b"prepared")
+        if not ready:
+            self.close(wait_s=0)
+        return ready
+
     def wait(self, timeout_s: float) -> None:
         try:
             self.proc.wait(timeout=timeout_s)
@@ -814,9 +827,7 @@ class TimeSubject:
         """Wait until its harness says "prepared" (or has died, or timeout_s passed: then it is
         killed)."""
         if self.ready is None:
-            self.ready = self.harness.said(timeout_s).startswith(b"prepared")
-            if not self.ready:
-                self.harness.close(wait_s=0)
+            self.ready = self.harness.prepared(timeout_s)
         return self.ready
 
     def time(self) -> tuple[dict | None, str]:
@@ -939,9 +950,7 @@ class Prepared:
         """Wait until its harness says "prepared" (or has died, or timeout_s passed: then it is
         closed). Its GPU work (CUDA's start, the profiler's) is over once this returns."""
         if self.ready is None:
-            self.ready = self.stages.harness.said(timeout_s).startswith(b"prepared")
-            if not self.ready:
-                self.stages.close(wait_s=0)
+            self.ready = self.stages.harness.prepared(timeout_s)
         return self.ready
 
     def close(self) -> None:
@@ -1103,10 +1112,8 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
         if record is None:   # it gave up before loading anything (harness.time_prepared)
             if stopping():
                 raise Cancelled("the run is stopping: a prepared time stage was stopped")
-            tail = "\n".join(output.strip().splitlines()[-15:])
             ctx.progress.note(f"{log_name or target}: its time stage's prepared subject did not "
-                              f"start; timing on a new one" + (f"; its harness said:\n{tail}"
-                                                               if tail else ""))
+                              f"start; timing on a new one" + _harness_said(output))
     if record is None and stages is None:
         with tempfile.TemporaryDirectory(prefix="time-", dir=_scratch()) as tmp:
             fields = _time_fields(case, ctx, Path(tmp))

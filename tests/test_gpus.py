@@ -829,7 +829,8 @@ def test_a_run_stage_that_failed_beside_others_is_run_again_alone(
     monkeypatch.setattr(pipeline, "run_cases", again)
     monkeypatch.setattr(pipeline, "check_outputs", lambda cases, runs, **kw: [
         CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"], c.hidden) for c in cases])
-    monkeypatch.setattr(pipeline, "ensure_gpu_healthy", lambda ctx: None)
+    probes = []   # the GPU's health probe after a failure: alone, no other submission beside it
+    monkeypatch.setattr(pipeline, "ensure_gpu_healthy", lambda ctx: probes.append(ctx.gate.held_alone))
     other = threading.Event()
 
     def beside():   # another lane's run stage, under way when this one starts
@@ -848,6 +849,7 @@ def test_a_run_stage_that_failed_beside_others_is_run_again_alone(
         assert "running its cases again alone" in ctx.progress.stream.getvalue()
     else:
         assert tries == ["shared"] and result.status is Status.RUNTIME_ERROR
+        assert probes == [True]
 
 
 def test_what_a_shared_run_stage_tuned_is_forgotten_and_its_kernels_kept(tmp_path):
