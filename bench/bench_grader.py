@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from grader import config  # noqa: E402
 from grader.procs import default_build_jobs, split_cpus  # noqa: E402
-from grader.results import (RUN_PHASES, TIME_PHASES, RunFileError, SubmissionResult,  # noqa: E402
-                            read_results, read_run)
+from grader.results import (LOOP_PARTS, RUN_PHASES, TIME_PHASES, RunFileError,  # noqa: E402
+                            SubmissionResult, read_results, read_run)
 from grader.submission import CUDA_FILE, PYTHON_FILE  # noqa: E402
 
 WORK = ROOT / "build" / "bench-grader"
@@ -63,6 +63,10 @@ FAILING_PY = {
 STAGES = ("build", "run", "check", "time")
 RUN_PARTS = tuple(f"run.{p}" for p in RUN_PHASES)   # where the run stage's time goes
 TIME_PARTS = tuple(f"time.{p}" for p in TIME_PHASES)   # and the time stage's
+LOOP_KEYS = tuple(f"time.loop.{p}" for p in LOOP_PARTS)   # and its timed loop's, summed over calls
+# How a copy's median settles with its number of timed calls (same_kernel): the median of its
+# first n calls, for each n here that it reached.
+FIRST_CALLS = (20, 30, 40, 50, 70, 100)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +260,7 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
                        message=r.message.splitlines()[0] if r.message else "")
                   for r in students if plan[r.id].expected not in (None, r.status.value)]
     stages = {}
-    for stage in STAGES + RUN_PARTS + TIME_PARTS + ("wait",):
+    for stage in STAGES + RUN_PARTS + TIME_PARTS + LOOP_KEYS + ("wait",):
         values = [f.stages[stage] for f in figures.values() if stage in f.stages]
         stages[stage] = spread(values)
     # every row's GPU-serial time, baselines and the solution row included
@@ -277,8 +281,47 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
         kernel_s=spread([figures[r.id].kernel_s for r in ran]),
         stages_s=stages,
         gpu_serial_share=round(gpu_serial / run.wall_s, 3) if run.wall_s else None,
+        same_kernel=same_kernel(run.out, [r for r in honest if r.timing is not None], plan),
         not_started=_not_started(run.log),
         device=meta.get("device", {}), log=str(run.log), results=str(run.out))
+
+
+def same_kernel(out: Path, timed: list[SubmissionResult], plan: dict) -> dict:
+    """Per honest template, how far its copies' medians (one kernel, graded again and again in
+    one run on one GPU) lie from the median of them all: as graded, and from each copy's first n
+    timed calls (its logs' time.calls.json) for n in FIRST_CALLS. `pairs_over_1pct`: the share of
+    pairs of copies whose medians differ by more than 1%, timing trust's limit for one kernel
+    graded twice."""
+    by_template = collections.defaultdict(list)
+    for r in timed:
+        by_template[plan[r.id].template].append(r)
+    figures = {}
+    for template, results in sorted(by_template.items()):
+        calls = {}
+        for r in results:
+            try:
+                calls[r.id] = json.loads((out / "logs" / f"{r.id}.time.calls.json").read_text())["times_ms"]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        rows = {"graded": [r.timing.median_ms for r in results]}
+        for n in FIRST_CALLS:
+            rows[f"first_{n}"] = [statistics.median(t[:n]) for t in calls.values() if len(t) >= n]
+        figures[template] = {name: _agreement(medians) for name, medians in rows.items()}
+        figures[template]["calls"] = spread([len(t) for t in calls.values()])
+    return figures
+
+
+def _agreement(medians: list[float]) -> dict:
+    """n, the median of `medians` (ms), the p50/p90/max of |m / median - 1| and the share of pairs
+    more than 1% apart."""
+    if len(medians) < 2:
+        return {"n": len(medians)}
+    center = statistics.median(medians)
+    off = sorted(abs(m / center - 1) for m in medians)
+    pairs = [abs(a / b - 1) > 0.01 for a, b in itertools.combinations(medians, 2)]
+    return dict(n=len(medians), median_ms=round(center, 4), p50=round(statistics.median(off), 5),
+                p90=round(off[min(len(off) - 1, int(0.9 * len(off)))], 5), max=round(off[-1], 5),
+                pairs_over_1pct=round(sum(pairs) / len(pairs), 4))
 
 
 def _not_started(log: Path) -> int:
@@ -342,6 +385,15 @@ def format_report(report: dict) -> str:
             lines.append("  time stage's parts, median s: " + ", ".join(
                 f"{name} {s['median']:.2f} (n={s['n']})" for name, s in parts if s.get("n"))
                 + f"; time stage {r['stages_s']['time'].get('median', float('nan')):.2f}")
+        parts = [(p.split(".")[2], r["stages_s"].get(p, {})) for p in LOOP_KEYS]
+        if any(s.get("n") for _, s in parts):
+            lines.append("  timed loop's parts, median s: " + ", ".join(
+                f"{name} {s['median']:.2f}" for name, s in parts if s.get("n")))
+        for template, rows in (r.get("same_kernel") or {}).items():
+            lines.append(f"  same kernel, {template}: medians off their median (p90, share of "
+                         "pairs > 1% apart): " + ", ".join(
+                             f"{name} {a['p90'] * 100:.2f}% {a['pairs_over_1pct'] * 100:.0f}% (n={a['n']})"
+                             for name, a in rows.items() if name != "calls" and "p90" in a))
         wait = r["stages_s"].get("wait", {})
         if wait.get("n"):
             lines.append(f"  waited for its preparation at its turn (with lanes, for the GPU's gate too): "

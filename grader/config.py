@@ -77,6 +77,12 @@ class Limits:
     # the grader's own threads, bubblewrap and the driver's helper threads (the checker and the
     # health probe run alone). Only on a machine with RESERVE_MIN_CPUS or more; 0: none.
     gpu_stage_cpus: int = 3
+    # The share of the build jobs that compile at once while the GPU stages have
+    # config.BUILDS_YIELD_AHEAD submissions waiting (1: builds never yield). On 16-CPU H100
+    # machines a Triton copy's run stage took 4.1 s with 6 builds beside it and 5.2 s with 13,
+    # and a cold 100-copy course graded 59 in 600 s with the builds yielding, against 47 without
+    # (three machines: notes/throughput.md, session 17).
+    build_yield_share: float = 0.5
 
     def case_s(self, flops: float) -> float:
         """The run limit of one case's first call on a GPU, from its size."""
@@ -143,13 +149,21 @@ LOOKAHEAD = 2
 # their CPU work and the run stages' on the GPU stages' three CPUs cost more than the overlap
 # saves (notes/throughput.md, session 16).
 GPU_LANES = 1
+# Builds yield to a GPU that has work (gate.BuildThrottle): while at least BUILDS_YIELD_AHEAD
+# built submissions wait for the GPU stages, at most Limits.build_yield_share of the build jobs
+# compile at once (on a GPU machine). Ten submissions are more than a minute of GPU work.
+BUILDS_YIELD_AHEAD = 10
 # A turn waits at most this long for its preparation to end; past it the early start is given up
 # and the submission runs the usual way.
 PREPARE_S = 120.0
 
 # Timing: stop when the relative standard error of the mean is under 0.5% ...
 TIMING_TARGET_RSE = 0.005
-TIMING_MIN_REPS = 100   # and at least this many (or the budget): medians of two runs agree to ~0.3%
+# And at least this many (or the budget): medians of two runs agree to ~0.3%. Fewer would rank
+# noisier and faster medians: the GPU warms within a loop (the first 10 of 100 calls 5% faster
+# than the last 10), and copies of one kernel had 36% of pairs more than 1% apart on 20 calls
+# against 22% on 100 (H100, notes/throughput.md, session 17).
+TIMING_MIN_REPS = 100
 TIMING_MAX_REPS = 500
 # Precision where it decides ranks (issue 13): a call slower than TIMING_COARSE_FRACTION of the
 # fp16 matmul peak measured on the GPU (about 10x slower than cuDNN's attention, which runs at

@@ -109,3 +109,43 @@ def shared(gate: GpuGate | None) -> Iterator[Company]:
     else:
         with gate.shared() as company:
             yield company
+
+
+class BuildThrottle:
+    """Builds yield to GPU stages that have work (issue 13). While at least `ahead` built
+    submissions wait for the GPU workers (`waiting()`), at most `low` builds compile at once;
+    otherwise up to `high` (the pool's size). Builds slow the GPU stages though these have CPUs
+    of their own (shared caches, memory bandwidth): a Triton copy's run stage took 5.2 s beside
+    13 builds and 4.1 s beside 6 (Limits.build_yield_share says where it was measured). With a
+    queue that long the GPU has minutes of work, and fewer builds still finish before it runs
+    out; when it runs short, they go back up to `high`.
+
+    A build waits for its turn here before it starts, never in the middle; the limit is looked
+    at again every `poll_s` (the queue shrinks as the workers take jobs). Waits give up with
+    Cancelled when the run stops."""
+
+    def __init__(self, high: int, low: int, ahead: int, waiting, poll_s: float = 0.5):
+        self.high, self.low, self.ahead = max(1, high), max(1, min(low, high)), ahead
+        self.waiting, self.poll_s = waiting, poll_s
+        self.running = 0
+        self.most = 0   # the most builds that compiled at once (tests, the bench)
+        self.cond = threading.Condition()
+
+    def limit(self) -> int:
+        return self.low if self.waiting() >= self.ahead else self.high
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        with self.cond:
+            while self.running >= self.limit():
+                if stopping():
+                    raise Cancelled("the run is stopping: a build waiting for its turn")
+                self.cond.wait(self.poll_s)
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.running -= 1
+                self.cond.notify_all()

@@ -29,7 +29,7 @@ from .build_cache import BuildCache
 from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo, device_minor
-from .gate import GpuGate, alone, shared
+from .gate import BuildThrottle, GpuGate, alone, shared
 from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
@@ -357,6 +357,7 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
             return _finish(base, status, message, cases=cases, notes=notes, started=started)
         timing, timed_case = timed_run.stats, timed.id
         clock.parts("time", timed_run.record.get("phases_s") or {})
+        clock.parts("time.loop", timed_run.record.get("loop_s") or {})
         problems = judge_timing(timed_run, timed, source, ctx)
         if problems:
             worst_status = worst(Status(f.status) for f in problems)
@@ -584,6 +585,16 @@ def _save_log(ctx: GradeContext, name: str, stage: str, output: str) -> None:
     path = ctx.out_dir / "logs" / f"{name}.{stage}.log"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(clean(output, limit=1 << 22))
+
+
+def _save_calls(ctx: GradeContext, name: str, record: dict) -> None:
+    """Each timed call's time as ranked (ms, in call order) and the subject's own events around
+    it, for the instructor's logs and `make bench-grader` (how the median settles with the
+    number of calls); no page shows them."""
+    path = ctx.out_dir / "logs" / f"{name}.time.calls.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, dict(times_ms=record["times_ms"],
+                                 events_ms=[c[1] for c in record.get("calls") or []]))
 
 
 def _target(sub: Submission, build: BuildResult | None) -> dict:
@@ -1122,6 +1133,8 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
                                          **fields)
     if log_name:
         _save_log(ctx, log_name, "time", output)
+        if record is not None and isinstance(record.get("times_ms"), list):
+            _save_calls(ctx, log_name, record)
     if record is None:
         ensure_gpu_healthy(ctx)
         return Status.RUNTIME_ERROR, f"grader error: the timing harness failed; tell the instructor\n{output[-2000:]}"
@@ -1298,6 +1311,11 @@ class _Jobs:
                 finally:
                     self.idle -= 1
 
+    def waiting(self) -> int:
+        """Jobs queued and not taken yet."""
+        with self.cond:
+            return len(self.shared) + sum(len(q) for q in self.pinned)
+
     def stop(self) -> list:
         """No worker takes anything more; returns what was still queued."""
         with self.cond:
@@ -1307,6 +1325,15 @@ class _Jobs:
                 q.clear()
             self.cond.notify_all()
             return left
+
+
+def build_throttle(build_jobs: int, ctx: GradeContext, waiting) -> BuildThrottle:
+    """How many of the `build_jobs` builds compile at once (gate.BuildThrottle): a share of them
+    (Limits.build_yield_share) while the GPU workers have config.BUILDS_YIELD_AHEAD jobs waiting,
+    on a GPU machine; all of them without a GPU (nothing there is timed)."""
+    share = ctx.limits.build_yield_share if ctx.device.cuda else 1.0
+    low = max(1, int(build_jobs * share))
+    return BuildThrottle(build_jobs, low, config.BUILDS_YIELD_AHEAD, waiting)
 
 
 def grading_context(*, cases, device: DeviceInfo, gpus: list[DeviceInfo], limits: config.Limits,
@@ -1386,9 +1413,10 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             if flagged:
                 return BuildResult(Status.FLAGGED, "none", 0.0, message=flagged)
         build_dir = ctx.build_dir / sub.build_namespace / sub.module_name
-        built = build_submission(sub, build_dir=build_dir, device=ctx.device,
-                                 limits=ctx.limits, sandbox=ctx.sandbox, cache=ctx.build_cache,
-                                 log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
+        with throttle.turn():
+            built = build_submission(sub, build_dir=build_dir, device=ctx.device,
+                                     limits=ctx.limits, sandbox=ctx.sandbox, cache=ctx.build_cache,
+                                     log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
         return built if ctx.calibration else audit_build(sub, built, build_dir)
 
     for entry in entries:
@@ -1491,6 +1519,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
 
     if build_jobs is None:
         build_jobs = default_build_jobs(ctx.cpus)
+    throttle = build_throttle(build_jobs, ctx, jobs.waiting)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs))
     threads = [threading.Thread(target=work, args=(slot, w), name=f"gpu-worker-{slot}", daemon=True)
                for slot, w in enumerate(workers)]

@@ -70,6 +70,11 @@ RUN_PHASES = ("harness", "buffers", "subject", "prepare", "waiting", "load", "ca
 # against the fp32 reference). What the stage holds beyond them is the pipes and the pipeline's
 # own work.
 TIME_PHASES = ("open", "rtt", "warmup", "loop", "report", "spots")
+# Where the timed loop's time goes, per part summed over its calls ("time.loop.<part>" in
+# stage_s): before "go" (fresh inputs, their copy, O poisoned, L2 flushed, the pipe drained, the
+# device idle), the call (go to reply), O read back, the check of its output (verify_call), the
+# GPU's process list (every TIMING_PROCESS_CHECK_EVERY calls) and the rest (statistics, samples).
+LOOP_PARTS = ("prep", "call", "readback", "verify", "helpers", "rest")
 
 @dataclasses.dataclass(frozen=True)
 class SubmissionResult:

@@ -70,8 +70,9 @@ task() {
         probe) make env && .venv/bin/python bench/protocol_probe.py --solution ${PROBE_ARGS:-} \
                    && cp bench/protocol_probe.json "$OUT/" ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;
+        # the figures' JSON is the newest bench/grader_bench*.json (BENCH_ARGS may name it: --out)
         bench-grader) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="${BENCH_ARGS:-}" \
-                          && cp bench/grader_bench.json "$OUT/" ;;
+                          ; s=$?; cp "$(ls -t bench/grader_bench*.json | head -n 1)" "$OUT/"; (exit $s) ;;
         # issue 13's lanes: a short course first (stops here if any verdict is unexpected), then
         # 100 copies from a cold build cache with 3 lanes and with 1, side by side
         lanes) make bench-grader COPIES=6 BENCH_ARGS="--no-baselines --lanes 3 --out bench/grader_bench_lanes_smoke.json" \

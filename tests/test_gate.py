@@ -8,7 +8,7 @@ import time
 import pytest
 
 from grader import procs
-from grader.gate import GpuGate
+from grader.gate import BuildThrottle, GpuGate
 
 
 def _hold(gate: GpuGate, how: str, log: list, seconds: float, entered: threading.Event | None = None):
@@ -95,3 +95,78 @@ def test_an_exception_inside_a_hold_lets_the_gate_go(first):
     t.start()
     t.join(5)
     assert [what for _, what, _ in done] == ["in", "out"]
+
+
+def _builds(throttle: BuildThrottle, n: int, seconds: float, raised: list | None = None) -> list:
+    def build():
+        try:
+            with throttle.turn():
+                time.sleep(seconds)
+        except procs.Cancelled as e:
+            if raised is not None:
+                raised.append(e)
+    threads = [threading.Thread(target=build) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_builds_yield_to_a_gpu_with_work_queued_and_come_back_when_it_runs_short():
+    """Issue 13: while BUILDS_YIELD_AHEAD built submissions wait for the GPU workers, fewer builds
+    compile at once (they slowed the GPU stages by a quarter); with the queue short, all of
+    them again. A build waits for its turn before it starts."""
+    queued = [10]
+    throttle = BuildThrottle(high=4, low=2, ahead=10, waiting=lambda: queued[0], poll_s=0.05)
+    for t in _builds(throttle, 6, 0.3):
+        t.join(10)
+    assert throttle.most == 2 and throttle.running == 0
+
+    queued[0] = 9   # the GPU is about to run out of work
+    throttle = BuildThrottle(high=4, low=2, ahead=10, waiting=lambda: queued[0], poll_s=0.05)
+    for t in _builds(throttle, 6, 0.3):
+        t.join(10)
+    assert throttle.most == 4
+
+    queued[0] = 50   # two compile; the queue then runs short while others wait their turn
+    throttle = BuildThrottle(high=4, low=2, ahead=10, waiting=lambda: queued[0], poll_s=0.05)
+    threads = _builds(throttle, 6, 0.6)
+    time.sleep(0.2)
+    assert throttle.running == 2
+    queued[0] = 0
+    time.sleep(0.3)
+    assert throttle.running == 4   # the waiting ones started without waiting for the first two
+    for t in threads:
+        t.join(10)
+
+
+def test_a_build_waiting_for_its_turn_gives_up_when_the_run_stops():
+    throttle, raised = BuildThrottle(high=2, low=1, ahead=1, waiting=lambda: 5, poll_s=0.05), []
+    threads = _builds(throttle, 3, 1.0, raised)
+    time.sleep(0.2)
+    procs.CHILDREN.cancelled.set()
+    try:
+        for t in threads:
+            t.join(10)
+    finally:
+        procs.CHILDREN.cancelled.clear()
+    assert len(raised) == 2 and throttle.running == 0 and throttle.most == 1
+
+
+def test_builds_yield_only_on_a_gpu_machine_and_by_the_limits_share():
+    """pipeline.build_throttle: half the build jobs while the GPU stages have work queued, on a
+    GPU machine (Limits.build_yield_share, GRADER_BUILD_YIELD_SHARE=1 turns it off); without a
+    GPU nothing is timed, and every build job compiles."""
+    import types
+
+    from grader import config
+    from grader.pipeline import build_throttle
+
+    def ctx(cuda: bool, share: float = 0.5):
+        return types.SimpleNamespace(device=types.SimpleNamespace(cuda=cuda),
+                                     limits=config.Limits(build_yield_share=share))
+    gpu = build_throttle(13, ctx(True), lambda: config.BUILDS_YIELD_AHEAD)
+    assert (gpu.high, gpu.low, gpu.limit()) == (13, 6, 6)
+    assert build_throttle(13, ctx(True), lambda: config.BUILDS_YIELD_AHEAD - 1).limit() == 13
+    assert build_throttle(13, ctx(False), lambda: 99).limit() == 13
+    assert build_throttle(13, ctx(True, share=1.0), lambda: 99).limit() == 13
+    assert build_throttle(1, ctx(True), lambda: 99).limit() == 1
