@@ -54,6 +54,33 @@ def test_overhead_is_the_gpu_serial_time_less_the_submissions_own_calls():
                                                         max=3.0, sum=6.0)
 
 
+def test_the_same_kernel_figure_says_how_copies_medians_agree_as_graded_and_on_their_first_calls(tmp_path):
+    """Issue 13: copies of one kernel, each timed in turn, show how far one kernel's medians
+    wander within a run (timing trust's 1% for the same kernel graded twice), and how that
+    depends on the number of calls: each copy's first n calls, from its logs."""
+    def timed(sid: str, median: float, times: list[float]) -> SubmissionResult:
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        (tmp_path / "logs" / f"{sid}.time.calls.json").write_text(json.dumps(dict(times_ms=times)))
+        return SubmissionResult(
+            id=sid, label=sid, kind="python", role="student", status=Status.PASS, message="",
+            timing=TimingStats(n=len(times), median_ms=median, mean_ms=median, min_ms=median,
+                               std_ms=0.1, rse=0.001, tflops=1.0, warmup_calls=2, budget_s=15.0,
+                               stopped_by="rse", wall_s=2.0))
+    # the first 20 calls of copy b run 3% faster; after 100 all three agree within 0.5%
+    results = [timed("a", 10.0, [10.0] * 100), timed("b", 10.05, [9.7] * 20 + [10.05] * 80),
+               timed("c", 9.98, [9.98] * 100), timed("d", 20.0, [20.0] * 30)]
+    plan = {r.id: bench_grader.Planned(r.id, "k" if r.id != "d" else "other", True, "pass")
+            for r in results}
+    figures = bench_grader.same_kernel(tmp_path, results, plan)
+    k = figures["k"]
+    assert k["graded"]["n"] == 3 and k["graded"]["median_ms"] == 10.0
+    assert k["graded"]["max"] == pytest.approx(0.005) and k["graded"]["pairs_over_1pct"] == 0
+    assert k["first_20"]["pairs_over_1pct"] == pytest.approx(2 / 3, abs=1e-4)   # b against a, c
+    assert k["first_100"]["n"] == 3 and k["first_100"]["pairs_over_1pct"] == 0
+    assert k["calls"]["median"] == 100
+    assert figures["other"]["graded"] == {"n": 1} and figures["other"]["first_50"] == {"n": 0}
+
+
 def test_the_course_has_distinct_ids_and_sources_and_the_expected_verdicts(tmp_path):
     planned = bench_grader.make_course(tmp_path / "course", honest=list(bench_grader.HONEST),
                                        failing=None, copies=4, gpu=True)

@@ -22,7 +22,7 @@ from grader.cases import Case
 from grader.inputs import make_random_inputs
 from grader.pipeline import SUBJECT
 from grader.procs import child_env
-from grader.results import RUN_PHASES, TIME_PHASES
+from grader.results import LOOP_PARTS, RUN_PHASES, TIME_PHASES
 from grader.text import clean
 
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
@@ -225,6 +225,10 @@ def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
     stats = record["stats"]
     assert stats["n"] == 6 and stats["profiled_calls"] == 7 and stats["stopped_by"] == "max_reps"
     assert len(record["calls"]) == 6 and all(raw > 0 for raw, _ in record["calls"])
+    # each call's time as ranked, and where the loop's time went, part by part (LOOP_PARTS)
+    assert len(record["times_ms"]) == 6 and all(t > 0 for t in record["times_ms"])
+    assert list(record["loop_s"]) == list(LOOP_PARTS) and record["loop_s"]["call"] > 0
+    assert sum(record["loop_s"].values()) <= record["phases_s"]["loop"] + 0.01
     # V is not the attention of Q, K, V: every call's output was read and found wrong
     assert record["verify"]["checked"] == 6 and record["verify"]["wrong"] == 6
     assert stats["subject_host_ms"] > 0   # from the diagnostics line, after the reply
