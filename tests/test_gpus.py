@@ -463,9 +463,11 @@ def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes
     assert seen == dict(folders=[(True, True)], claimed=True)
 
 
-def _course_on_the_cpu(tmp_path, kernel: str, *grader_args: str) -> tuple[dict, str]:
+def _course_on_the_cpu(tmp_path, kernel: str, *grader_args: str,
+                       sandbox: bool = True) -> tuple[dict, str]:
     """`grade` of 8 Python submissions (`kernel`, each with its number in a comment) with a GPU's
-    flow driven on the CPU (tests/gpu_flow_on_cpu.py): the results by id, and what it said."""
+    flow driven on the CPU (tests/gpu_flow_on_cpu.py): the results by id, and what it said.
+    Sandboxed where bubblewrap works, unless not `sandbox`."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs")
     course = tmp_path / "course"
@@ -476,7 +478,7 @@ def _course_on_the_cpu(tmp_path, kernel: str, *grader_args: str) -> tuple[dict, 
     cases.write_text("batch_size: 1; num_heads: 2; seq_len: 16; head_dim: 64; seed: 1\n"
                      "batch_size: 1; num_heads: 2; seq_len: 40; head_dim: 64; seed: 2\n")
     env = dict(os.environ)
-    if not Sandbox.probe(**sandbox_mod.default_layout(), mode="auto").active:
+    if not sandbox or not Sandbox.probe(**sandbox_mod.default_layout(), mode="auto").active:
         env["GRADER_SANDBOX"] = "off"
     out = tmp_path / "results"
     proc = subprocess.run(
@@ -549,6 +551,47 @@ def test_on_lanes_run_stages_share_the_gpu_and_nothing_runs_beside_a_timed_call(
                 assert not beside, (n, other, start, end, beside)
     spans = sorted((min(t for _, t in r), max(t for _, t in r)) for r in runs.values())
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans   # run stages overlapped
+
+
+def test_on_lanes_a_submission_that_keeps_working_after_its_calls_never_works_beside_a_timed_call(tmp_path):
+    """The attack twin of the test above: every subject starts, on its first call, a thread that
+    goes on "using the GPU" for as long as its process lives, hoping to slow the others' timed
+    calls; it notes each moment it works (CLOCK_MONOTONIC) in a file of its own outside the
+    grader. Unsandboxed, so that what is tested is the grader's own rule, not the sandbox's PID
+    namespace: each run stage's subject is killed, and all of its processes have exited, before
+    its hold on the GPU's gate ends and a time stage may begin (pipeline._let_go, gate.py). So no
+    moment of one submission's work falls inside another's timed calls."""
+    marks = tmp_path / "busy"
+    marks.mkdir()
+    results, said = _course_on_the_cpu(tmp_path, f"""
+        import os, threading, time, torch
+        NAME, CALLS = open(__file__).read().rsplit("#", 1)[1].strip(), []
+        def busy():
+            with open(os.path.join({str(marks)!r}, f"t{{NAME}}"), "a") as f:
+                while True:
+                    f.write(f"{{time.monotonic():.6f}}\\n")
+                    f.flush()
+                    time.sleep(0.02)
+        def custom_kernel(data):
+            print(f"CALL {{NAME}} {{time.monotonic():.6f}}", flush=True)
+            if not CALLS:
+                threading.Thread(target=busy, daemon=True).start()
+            CALLS.append(1)
+            time.sleep(1.0 if len(CALLS) <= 2 else 0.01)
+            q, k, v = data
+            return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+        """, "--lanes", "3", sandbox=False)
+    logs = tmp_path / "results" / "logs"
+    busy = {n: [float(x) for x in (marks / n).read_text().split()] for n in results}
+    assert all(len(b) >= 10 for b in busy.values()), {n: len(b) for n, b in busy.items()}
+    for n in results:
+        timed = [float(m.group(1)) for m in
+                 re.finditer(r"CALL \w+ ([\d.]+)", (logs / f"{n}.time.log").read_text())]
+        start, end = min(timed), max(timed)
+        for other in results:
+            if other != n:
+                beside = [t for t in busy[other] if start <= t <= end]
+                assert not beside, (n, other, start, end, beside[:5])
 
 
 def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
