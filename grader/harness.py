@@ -49,8 +49,8 @@ from . import config
 from .cases import Case
 from .compare import Finding, compare_outputs
 from .inputs import make_inputs, make_random_inputs
-from .procs import (kill_group, move_to_cpus, process_tree, read_line, spawn_capped,
-                    wait_exited)
+from .procs import (become_subreaper, kill_group, kill_tree, move_to_cpus, process_tree,
+                    read_line, spawn_capped, started_at, wait_exited)
 from .reference import attention_plain_fp16, attention_reference
 from .results import LOOP_PARTS, RUN_PHASES, TIME_PHASES
 from .shared_memory import SharedBuffer, create_buffer
@@ -86,6 +86,8 @@ def make_non_dumpable() -> None:
 class Link:
     """The subject process: requests out, replies in, one JSON line each, with deadlines."""
 
+    live: set[int] = set()   # every open Link's subject pid in this process (the calibration's three)
+
     def __init__(self, spec: dict, buffers: dict[str, SharedBuffer]):
         self.device = spec["device"]
         req_r, self.req_w = os.pipe()
@@ -100,6 +102,7 @@ class Link:
             pass_fds=(req_r, rep_w, *(b.fd for b in buffers.values())))
         os.close(req_r)
         os.close(rep_w)
+        Link.live.add(self.proc.pid)
         self.pending = b""
         self.sequence = 0
         self.closed = False
@@ -230,13 +233,21 @@ class Link:
         self.reader.join(timeout=10)
         return self.reader.text()
 
+    def processes(self) -> dict[int, int | None]:
+        """The subject's processes, with when each started (procs.started_at): its tree, and the
+        orphans this process adopted that no other open Link's subject started."""
+        me = os.getpid()
+        others = set().union(*(process_tree(p) for p in Link.live - {self.proc.pid}))
+        pids = (process_tree(self.proc.pid) | process_tree(me)) - {me} - others
+        return {pid: started_at(pid) for pid in pids}
+
     def close(self) -> None:
         """Ask it to exit, then its process group killed; once (a second call could otherwise
         write to, and close, descriptors another Link has been given since)."""
         if self.closed:
             return
         self.closed = True
-        tree = process_tree(self.proc.pid)   # what it started too, before any of it ends
+        tree = self.processes()   # what it started too, before any of it ends
         try:
             os.write(self.req_w, b'{"op": "exit"}\n')
         except OSError:
@@ -248,8 +259,17 @@ class Link:
         kill_group(self.proc)
         # Every process of it gone before this returns (grader/gate.py: none that ran submission
         # code may hold a CUDA context once the next time stage can begin). In the sandbox the
-        # rest of its pid namespace dies with the group; a process that will not die is said.
-        left = wait_exited(tree, timeout_s=30)
+        # rest of its pid namespace dies with the group. Without one, what left the group
+        # (setsid) is killed by pid, and what left the tree (a double fork) was adopted by this
+        # process (procs.become_subreaper) and is found here; a process that will not die is said.
+        for _ in range(3):
+            kill_tree(tree)
+            later = self.processes()
+            if later.keys() <= tree.keys():
+                break
+            tree.update(later)
+        Link.live.discard(self.proc.pid)
+        left = wait_exited(set(tree), timeout_s=30)
         if left:
             print(f"harness: processes {sorted(left)} of the subject still ran 30 s after it was "
                   f"killed", flush=True)
@@ -1055,6 +1075,7 @@ def gpu_helpers(link: Link) -> dict | None:
 
 def main(argv: list[str] | None = None) -> None:
     make_non_dumpable()
+    become_subreaper()
     p = argparse.ArgumentParser(prog="python -m grader.harness")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--spec", type=Path)

@@ -34,8 +34,8 @@ from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
 from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, default_build_jobs,
-                    gpu_worker, kill_group, process_tree, run_limited, set_gpu_workers,
-                    spawn_capped, split_cpus, stopping, wait_exited)
+                    gpu_worker, kill_group, kill_tree, process_tree, run_limited,
+                    set_gpu_workers, spawn_capped, split_cpus, started_at, stopping, wait_exited)
 from .progress import Progress
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
@@ -711,13 +711,15 @@ class WarmHarness:
         if self.closed:
             return
         self.closed = True
-        tree = process_tree(self.proc.pid)   # its subject's processes too, before any ends
+        # its subject's processes too, and the orphans it adopted, before any ends
+        tree = {pid: started_at(pid) for pid in process_tree(self.proc.pid)}
         self.say(b"stop\n")
         if wait_s:
             self.wait(wait_s)   # the harness ends its subject (Link.close) and exits
         kill_group(self.proc)
+        kill_tree(tree)   # what left the group (setsid), unsandboxed
         # gone, each of them, before this returns (grader/gate.py's invariant); `left`: any not
-        self.left = wait_exited(tree, timeout_s=60)
+        self.left = wait_exited(set(tree), timeout_s=60)
         self.reader.join(timeout=10)
         for fd in (self.ready_r, self.decide_w):
             os.close(fd)

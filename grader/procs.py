@@ -414,6 +414,29 @@ def wait_exited(pids: set[int], timeout_s: float) -> set[int]:
         time.sleep(0.05)
 
 
+def kill_tree(pids: dict[int, int | None]) -> None:
+    """SIGKILL each of `pids` (pid: started_at, as taken before) that is still that process: what
+    left its parent's process group (setsid) dies too. A pid since given to another process is
+    left alone."""
+    for pid, started in pids.items():
+        if started is not None and started_at(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def become_subreaper() -> None:
+    """This process adopts the orphans among its descendants (prctl PR_SET_CHILD_SUBREAPER): a
+    process that a subject started and then left (a double fork) stays in this one's
+    process_tree, where closing it finds it; without a sandbox's PID namespace it would go to
+    init. Linux only; elsewhere nothing."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """Kill the child and anything it started (ninja, nvcc, a forked helper)."""
     try:

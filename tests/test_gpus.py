@@ -553,29 +553,44 @@ def test_on_lanes_run_stages_share_the_gpu_and_nothing_runs_beside_a_timed_call(
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans   # run stages overlapped
 
 
-def test_on_lanes_a_submission_that_keeps_working_after_its_calls_never_works_beside_a_timed_call(tmp_path):
-    """The attack twin of the test above: every subject starts, on its first call, a thread that
-    goes on "using the GPU" for as long as its process lives, hoping to slow the others' timed
-    calls; it notes each moment it works (CLOCK_MONOTONIC) in a file of its own outside the
-    grader. Unsandboxed, so that what is tested is the grader's own rule, not the sandbox's PID
-    namespace: each run stage's subject is killed, and all of its processes have exited, before
-    its hold on the GPU's gate ends and a time stage may begin (pipeline._let_go, gate.py). So no
-    moment of one submission's work falls inside another's timed calls."""
+@pytest.mark.parametrize("how", ["thread", "escaped_process"])
+def test_on_lanes_a_submission_that_keeps_working_after_its_calls_never_works_beside_a_timed_call(tmp_path, how):
+    """The attack twin of the test above: every subject starts, on its first call, a thread (or
+    a process that leaves its group and its parent: setsid and a double fork) that goes on
+    "using the GPU", hoping to slow the others' timed calls; it notes each moment it works
+    (CLOCK_MONOTONIC) in a file of its own outside the grader. Unsandboxed, so that what is
+    tested is the grader's own rule, not the sandbox's PID namespace: each run stage's subject
+    and everything it started are killed, and have exited, before its hold on the GPU's gate ends
+    and a time stage may begin (pipeline._let_go, gate.py; the harness adopts what left the
+    tree: procs.become_subreaper). So no moment of one submission's work falls inside another's
+    timed calls, and the run goes on."""
     marks = tmp_path / "busy"
     marks.mkdir()
     results, said = _course_on_the_cpu(tmp_path, f"""
         import os, threading, time, torch
         NAME, CALLS = open(__file__).read().rsplit("#", 1)[1].strip(), []
+        END = time.monotonic() + 150   # never past the test, whatever happens
         def busy():
             with open(os.path.join({str(marks)!r}, f"t{{NAME}}"), "a") as f:
-                while True:
+                while time.monotonic() < END:
                     f.write(f"{{time.monotonic():.6f}}\\n")
                     f.flush()
                     time.sleep(0.02)
+        def escape():
+            child = os.fork()
+            if child == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    busy()
+                os._exit(0)
+            os.waitpid(child, 0)
         def custom_kernel(data):
             print(f"CALL {{NAME}} {{time.monotonic():.6f}}", flush=True)
             if not CALLS:
-                threading.Thread(target=busy, daemon=True).start()
+                if {how == "thread"!r}:
+                    threading.Thread(target=busy, daemon=True).start()
+                else:
+                    escape()
             CALLS.append(1)
             time.sleep(1.0 if len(CALLS) <= 2 else 0.01)
             q, k, v = data
