@@ -49,8 +49,8 @@ from . import config
 from .cases import Case
 from .compare import Finding, compare_outputs
 from .inputs import make_inputs, make_random_inputs
-from .procs import (become_subreaper, kill_group, kill_tree, move_to_cpus, process_tree,
-                    read_line, spawn_capped, started_at, wait_exited)
+from .procs import (adopted, become_subreaper, kill_group, kill_tree, move_to_cpus,
+                    process_tree, read_line, spawn_capped, started_at, wait_exited)
 from .reference import attention_plain_fp16, attention_reference
 from .results import LOOP_PARTS, RUN_PHASES, TIME_PHASES
 from .shared_memory import SharedBuffer, create_buffer
@@ -235,10 +235,9 @@ class Link:
 
     def processes(self) -> dict[int, int | None]:
         """The subject's processes, with when each started (procs.started_at): its tree, and the
-        orphans this process adopted that no other open Link's subject started."""
-        me = os.getpid()
+        orphans the harness adopted (procs.adopted) that no other open Link's subject started."""
         others = set().union(*(process_tree(p) for p in Link.live - {self.proc.pid}))
-        pids = (process_tree(self.proc.pid) | process_tree(me)) - {me} - others
+        pids = process_tree(self.proc.pid) | (adopted() - others)
         return {pid: started_at(pid) for pid in pids}
 
     def close(self) -> None:

@@ -426,15 +426,27 @@ def kill_tree(pids: dict[int, int | None]) -> None:
                 pass
 
 
+_SUBREAPER = [False]
+
+
 def become_subreaper() -> None:
     """This process adopts the orphans among its descendants (prctl PR_SET_CHILD_SUBREAPER): a
     process that a subject started and then left (a double fork) stays in this one's
     process_tree, where closing it finds it; without a sandbox's PID namespace it would go to
-    init. Linux only; elsewhere nothing."""
+    init. For a process of its own (the harness's main); Linux only, elsewhere nothing."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+        _SUBREAPER[0] = ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         pass
+
+
+def adopted() -> set[int]:
+    """The children this process adopted as a subreaper, with all they started; none unless it
+    became one (become_subreaper: a process used for nothing else)."""
+    if not _SUBREAPER[0]:
+        return set()
+    me = os.getpid()
+    return process_tree(me) - {me}
 
 
 def kill_group(proc: subprocess.Popen) -> None:

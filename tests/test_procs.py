@@ -267,3 +267,24 @@ def test_a_process_whose_leader_thread_ended_is_waited_for_until_its_last_thread
         proc.wait()
     assert procs.started_at(proc.pid) is None
     assert procs.wait_exited({proc.pid}, timeout_s=0) == set()
+
+
+def test_only_a_process_that_became_a_subreaper_counts_its_children_as_adopted():
+    """procs.adopted: the harness's main adopts what its subject left (become_subreaper) and
+    closes kill it; a process that calls the harness in-process (a test, a tool) never had its
+    own children counted as a subject's, so a close there kills none of them."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert procs.adopted() == set()
+        script = ("import os, sys, time; from grader import procs; procs.become_subreaper(); "
+                  "pid = os.fork()\n"
+                  "if pid == 0:\n"
+                  "    if os.fork() == 0: time.sleep(5)\n"
+                  "    os._exit(0)\n"
+                  "os.waitpid(pid, 0); time.sleep(0.5); print(len(procs.adopted()))")
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=60, cwd=config.REPO_ROOT).stdout.split()
+        assert out == ["1"]   # the grandchild, orphaned, came to the subreaper
+    finally:
+        child.kill()
+        child.wait()
