@@ -201,6 +201,18 @@ class NotStarted(Exception):
         self.output = output
 
 
+@contextlib.contextmanager
+def _held(hold, gate: GpuGate | None, clock: "StageClock"):
+    """hold(gate), gate.shared or gate.alone, with the time its turn took as "wait" on the clock.
+    Without a gate nothing is waited for and nothing is counted (a loaded machine's scheduling
+    is no wait)."""
+    asked = time.monotonic()
+    with hold(gate) as held:
+        if gate is not None:
+            clock.waited(time.monotonic() - asked)
+        yield held
+
+
 def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
                  jit: Path | None, prepared: "Prepared | None" = None,
                  waited_s: float = 0.0) -> SubmissionResult:
@@ -234,9 +246,7 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
             timer = prepared.timer if prepared is not None and prepared.timer is not None \
                 else time_subject(sub, build, ctx, timed, work, jit)
             later.callback(timer.close)
-        asked = time.monotonic()
-        with shared(ctx.gate) as company:
-            clock.waited(time.monotonic() - asked)
+        with _held(shared, ctx.gate, clock) as company:
             ctx.progress.stage(sub.id, "run")
             clock.start("run")
             runs, run_output, stages, phases_s = run_cases_under_load(sub, build, runnable, ctx,
@@ -344,9 +354,7 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
     if status is Status.PASS and timed is not None:
         if timer is not None:
             timer.settle()   # its preparation ends before its turn, not in it
-        asked = time.monotonic()
-        with alone(ctx.gate):
-            clock.waited(time.monotonic() - asked)
+        with _held(alone, ctx.gate, clock):
             ctx.progress.stage(sub.id, "time")
             clock.start("time")
             timed_run = time_target(_target(sub, build), timed, ctx, folder=_folder(sub, build),

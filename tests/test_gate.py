@@ -170,3 +170,39 @@ def test_builds_yield_only_on_a_gpu_machine_and_by_the_limits_share():
     assert build_throttle(13, ctx(False), lambda: 99).limit() == 13
     assert build_throttle(13, ctx(True, share=1.0), lambda: 99).limit() == 13
     assert build_throttle(1, ctx(True), lambda: 99).limit() == 1
+
+
+def test_a_turn_counts_as_wait_only_the_time_a_gate_was_waited_for():
+    """stage_s "wait" (pipeline._held) is the time a submission waited for its GPU's gate. Where
+    runs do not share a GPU there is no gate and no wait, however slow the machine is to get
+    there (CI's loaded 2-core machine once took over a millisecond to enter a hold of nothing)."""
+    import contextlib
+
+    from grader.gate import alone
+    from grader.pipeline import StageClock, _held
+
+    @contextlib.contextmanager
+    def slow_nothing(gate):   # a descheduled thread: time passes, though there is nothing to wait for
+        time.sleep(0.05)
+        yield
+
+    clock = StageClock(0.0)
+    with _held(slow_nothing, None, clock):
+        pass
+    assert "wait" not in dict(clock.seconds())
+
+    gate, clock = GpuGate(), StageClock(0.0)
+    held = threading.Event()
+
+    def hold_a_while():
+        with gate.alone():
+            held.set()
+            time.sleep(0.3)
+
+    other = threading.Thread(target=hold_a_while)
+    other.start()
+    held.wait(10)
+    with _held(alone, gate, clock):
+        pass
+    other.join(10)
+    assert dict(clock.seconds())["wait"] >= 0.2
