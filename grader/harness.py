@@ -49,8 +49,8 @@ from . import config
 from .cases import Case
 from .compare import Finding, compare_outputs
 from .inputs import make_inputs, make_random_inputs
-from .procs import (adopted, become_subreaper, kill_group, kill_tree, move_to_cpus,
-                    process_tree, read_line, spawn_capped, started_at, wait_exited)
+from .procs import (adopted, become_subreaper, end_processes, move_to_cpus, process_tree,
+                    read_line, spawn_capped, started_at)
 from .reference import attention_plain_fp16, attention_reference
 from .results import LOOP_PARTS, RUN_PHASES, TIME_PHASES
 from .shared_memory import SharedBuffer, create_buffer
@@ -255,20 +255,12 @@ class Link:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        kill_group(self.proc)
-        # Every process of it gone before this returns (grader/gate.py: none that ran submission
-        # code may hold a CUDA context once the next time stage can begin). In the sandbox the
-        # rest of its pid namespace dies with the group. Without one, what left the group
-        # (setsid) is killed by pid, and what left the tree (a double fork) was adopted by this
-        # process (procs.become_subreaper) and is found here; a process that will not die is said.
-        for _ in range(3):
-            kill_tree(tree)
-            later = self.processes()
-            if later.keys() <= tree.keys():
-                break
-            tree.update(later)
+        # Every process of it gone before this returns. In the sandbox the rest of its pid
+        # namespace dies with the group. Without one, what left the group (setsid) is killed by
+        # pid, and what left the tree (a double fork) was adopted by this process
+        # (procs.become_subreaper) and is found again here; a process that will not die is said.
+        left = end_processes(self.proc, tree, find=self.processes)
         Link.live.discard(self.proc.pid)
-        left = wait_exited(set(tree), timeout_s=30)
         if left:
             print(f"harness: processes {sorted(left)} of the subject still ran 30 s after it was "
                   f"killed", flush=True)

@@ -34,8 +34,8 @@ from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
                         tampering_lines, timing_findings)
 from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, default_build_jobs,
-                    gpu_worker, kill_group, kill_tree, process_tree, run_limited,
-                    set_gpu_workers, spawn_capped, split_cpus, started_at, stopping, wait_exited)
+                    end_processes, gpu_worker, process_tree, run_limited, set_gpu_workers,
+                    spawn_capped, split_cpus, started_at, stopping)
 from .progress import Progress
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
@@ -685,7 +685,7 @@ class WarmHarness:
         self.ready_r, self.decide_w = ready_r, decide_w
         self.key = _harness_key(env, cpus)
         self.closed = False
-        self.left: set[int] = set()   # processes still running after close (wait_exited)
+        self.left: set[int] = set()   # processes still running after close (end_processes)
 
     def begin(self, spec: dict, spec_path: Path, cpus: CpuSplit | None = None) -> None:
         """Its work: `spec` (harness_spec), written to `spec_path`, done on `cpus.gpu`. "spawned"
@@ -724,10 +724,8 @@ class WarmHarness:
         self.say(b"stop\n")
         if wait_s:
             self.wait(wait_s)   # the harness ends its subject (Link.close) and exits
-        kill_group(self.proc)
-        kill_tree(tree)   # what left the group (setsid), unsandboxed
         # gone, each of them, before this returns (grader/gate.py's invariant); `left`: any not
-        self.left = wait_exited(set(tree), timeout_s=60)
+        self.left = end_processes(self.proc, tree, timeout_s=60)
         self.reader.join(timeout=10)
         for fd in (self.ready_r, self.decide_w):
             os.close(fd)

@@ -449,6 +449,25 @@ def adopted() -> set[int]:
     return process_tree(me) - {me}
 
 
+def end_processes(proc: subprocess.Popen, tree: dict[int, int | None], *,
+                  find: Callable[[], dict[int, int | None]] | None = None,
+                  timeout_s: float = 30) -> set[int]:
+    """`proc`'s process group killed, then each of `tree` (pid: started_at, taken before any of
+    it was told to end) by pid: what left the group (setsid) dies too. `find`, when given, is
+    asked again for the processes it counts (a subreaper's adopted orphans: become_subreaper),
+    up to 3 rounds, for what was started while the kill went on. Then up to timeout_s for each
+    to exit (grader/gate.py: none that ran submission code may hold a CUDA context once the next
+    time stage can begin); those still running then are returned, for the caller to say."""
+    kill_group(proc)
+    for _ in range(3):
+        kill_tree(tree)
+        later = find() if find is not None else {}
+        if later.keys() <= tree.keys():
+            break
+        tree.update(later)
+    return wait_exited(set(tree), timeout_s=timeout_s)
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """Kill the child and anything it started (ninja, nvcc, a forked helper)."""
     try:
