@@ -45,6 +45,14 @@ class GpuGate:
         self._holders: set[Company] = set()
         self._alone = False
         self._waiting = 0   # alone holds waiting: no new shared hold starts meanwhile
+        self.health_checks = 0   # GPU health checks begun or ended (pipeline.ensure_gpu_healthy)
+
+    def health_check(self) -> None:
+        """A health check of this GPU begins or has ended: every preparation (pipeline.Prepared),
+        any lane's, begun before now started CUDA beside a crash or a hung kernel, or before the GPU
+        was found healthy, and is not used (Lookahead.claim)."""
+        with self._cond:
+            self.health_checks += 1
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[Company]:

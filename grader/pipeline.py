@@ -172,7 +172,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     Its wall time is the build's plus its own stages', not the time it waited for the GPU.
     In a GPU worker, its run may have begun during the submission before (Lookahead)."""
     turn = time.monotonic()
-    prepared = _AHEAD.claim(sub)   # waits for its preparation to end, if it has not
+    prepared = _AHEAD.claim(sub, ctx.gate)   # waits for its preparation to end, if it has not
     if prepared is not None:
         try:
             with prepared.folders:
@@ -352,6 +352,7 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
         return _finish(base, Status.FLAGGED, flagged, cases=cases, notes=notes, started=started)
     timing, timed_case = None, None
     if status is Status.PASS and timed is not None:
+        timer = _current(timer, ctx)
         if timer is not None:
             timer.settle()   # its preparation ends before its turn, not in it
         with _held(alone, ctx.gate, clock):
@@ -831,10 +832,12 @@ class TimeSubject:
     GPU held alone, the submission is loaded from its JIT cache and timed. Its run stage's
     subject, which ran beside other submissions' code, is gone by then. Always closed."""
 
-    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus: CpuSplit | None):
+    def __init__(self, spec: dict, spec_path: Path, *, env: dict, cpus: CpuSplit | None,
+                 health_checks: int = 0):
         self.result = Path(spec["result"])
         self.time_s = spec["deadline_s"] + 300
         self.ready: bool | None = None
+        self.health_checks = health_checks   # its GPU's count as it was begun (GpuGate)
         self.harness = WarmHarness(env, cpus)
         try:
             self.harness.begin(spec, spec_path, cpus)
@@ -869,7 +872,7 @@ def time_subject(sub: Submission, build: BuildResult, ctx: GradeContext, timed: 
     del fields["result"]   # harness_spec's: work/time.json
     spec, spec_path = harness_spec("time", _target(sub, build), ctx, work, folder=_folder(sub, build),
                                    jit=jit, prepare=True, **fields)
-    return TimeSubject(spec, spec_path, env=ctx.env, cpus=ctx.cpus)
+    return TimeSubject(spec, spec_path, env=ctx.env, cpus=ctx.cpus, health_checks=_health_checks(ctx))
 
 
 def run_once(spec: dict, spec_path: Path, *, env: dict, cpus: CpuSplit | None
@@ -964,6 +967,7 @@ class Prepared:
     folders: contextlib.ExitStack
     ready: bool | None = None   # None until settled: prepared, or not (then closed)
     timer: TimeSubject | None = None   # its time stage's subject, when run stages share the GPU
+    health_checks: int = 0   # its GPU's gate's count when it was begun (GpuGate.health_check)
 
     def settle(self, timeout_s: float = config.PREPARE_S) -> bool:
         """Wait until its harness says "prepared" (or has died, or timeout_s passed: then it is
@@ -987,6 +991,7 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
     runnable, _, _ = _select_cases(sub, ctx)
     if build.status is not Status.PASS or sub.kind not in (Kind.PYTHON, Kind.CUDA) or timed not in runnable:
         return None
+    checks = _health_checks(ctx)   # as it was before any of it began
     folders = contextlib.ExitStack()
     try:
         jit = folders.enter_context(jit_cache(sub))
@@ -998,7 +1003,21 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
     except BaseException:
         folders.close()
         raise
-    return Prepared(sub, work, jit, stages, folders, timer=timer)
+    return Prepared(sub, work, jit, stages, folders, timer=timer, health_checks=checks)
+
+
+def _current(timer: "TimeSubject | None", ctx: GradeContext) -> "TimeSubject | None":
+    """`timer`, unless a health check of its GPU began after it was begun (another lane's crash,
+    beside which it started CUDA): then it is closed, and None (timed on a new subject)."""
+    if timer is not None and timer.health_checks != _health_checks(ctx):
+        timer.close()
+        return None
+    return timer
+
+
+def _health_checks(ctx: GradeContext) -> int:
+    """Its GPU's count of health checks (GpuGate.health_check); 0 where no lanes share the GPU."""
+    return ctx.gate.health_checks if ctx.gate is not None else 0
 
 
 class Lookahead:
@@ -1041,16 +1060,18 @@ class Lookahead:
         for prepared in self.prepared:
             prepared.settle()
 
-    def claim(self, sub: Submission) -> Prepared | None:
+    def claim(self, sub: Submission, gate: GpuGate | None = None) -> Prepared | None:
         """The prepared run of `sub`, once its preparation has ended, if this worker began one
-        and it got ready; else None. Runs begun for submissions queued before it are closed (their
-        turn is past); those after it stay."""
+        and it got ready, and no health check of its GPU began since it was begun (`gate`, where
+        lanes share the GPU: another lane's crash); else None. Runs begun for submissions queued
+        before it are closed (their turn is past); those after it stay."""
         for i, got in enumerate(self.prepared):
             if got.sub is sub:
                 skipped, self.prepared = self.prepared[:i], self.prepared[i + 1:]
                 for other in skipped:
                     other.close()
-                if got.settle() and got.stages.harness.proc.poll() is None:
+                fresh = gate is None or gate.health_checks == got.health_checks
+                if fresh and got.settle() and got.stages.harness.proc.poll() is None:
                     return got
                 got.close()
                 return None
@@ -1214,10 +1235,21 @@ def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
 
 def ensure_gpu_healthy(ctx: GradeContext, *, tries: int = 2) -> None:
     """After a crash or a kill, make sure the next submission gets a working GPU. A run begun
-    early beside the crash or the hung kernel is let go: that submission runs afresh."""
+    early beside the crash or the hung kernel is let go, this worker's at once and, where lanes
+    share the GPU, every other lane's on its turn (GpuGate.health_check): it runs afresh."""
     _AHEAD.drop()
     if not ctx.device.cuda:
         return
+    if ctx.gate is not None:
+        ctx.gate.health_check()
+    probe_gpu(ctx, tries)
+    if ctx.gate is not None:
+        ctx.gate.health_check()   # what began during the check too
+
+
+def probe_gpu(ctx: GradeContext, tries: int) -> None:
+    """A small computation on the GPU in a process of its own, up to `tries` times; GpuUnhealthy
+    when none works."""
     probe = ("import torch; x = torch.ones(1 << 20, device='cuda'); "
              "assert float(x.sum()) == float(1 << 20); torch.cuda.synchronize()")
     for attempt in range(tries):

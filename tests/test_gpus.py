@@ -426,6 +426,49 @@ def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjec
     assert pipeline._AHEAD.prepared == []
 
 
+
+def test_on_lanes_nothing_begun_before_a_health_check_of_the_gpu_is_used(
+        tmp_path, make_submission, monkeypatch):
+    """Lanes share a GPU (GpuGate): a crash on one lane checks the GPU's health
+    (ensure_gpu_healthy), which counts on the gate when it begins and when it ends. A run begun
+    early on another lane (Prepared), or a time stage's subject (TimeSubject), begun before that,
+    started CUDA beside the crash: it is closed on its turn, not used, and its submission runs
+    or is timed on new subjects. What was begun after it is used."""
+    case = Case(1, 2, 16, 64, seed=3)
+    cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu", index=None, uuid="", l2_bytes=1 << 20)
+    gate = GpuGate()
+    ctx = dataclasses.replace(_ctx(tmp_path, case, [cpu]), sandbox=Sandbox(None, "off in this test"),
+                              gate=gate)
+    source = "def custom_kernel(data):\n    return data[2].clone()\n"
+    subs = [inspect_folder(make_submission(name, source)) for name in ("first", "second", "third")]
+    built = BuildResult(Status.PASS, "import", 0.1)
+    with pipeline.keep_warm():
+        ahead = pipeline._AHEAD
+        ahead.queue([("submission", None, s, built) for s in subs])
+        ahead.begin(ctx, case)
+        (first,) = ahead.prepared                       # one a lane (ctx.lookahead)
+        assert ahead.claim(subs[0], gate) is first      # no check since: used
+        assert first.timer is not None and pipeline._current(first.timer, ctx) is first.timer
+        ahead.begin(ctx, case)
+        (second,) = ahead.prepared
+        monkeypatch.setattr(pipeline, "probe_gpu", lambda ctx_, tries: None)
+        other_lane = threading.Thread(target=pipeline.ensure_gpu_healthy,   # after its crash
+                                      args=(dataclasses.replace(ctx, device=gpu(0)),))
+        other_lane.start()
+        other_lane.join(60)
+        assert not second.stages.harness.closed         # this lane's, still open until its turn
+        assert gate.health_checks == 2                  # as it began, and as it ended
+        assert pipeline._current(first.timer, ctx) is None and first.timer.harness.closed
+        first.close()
+        assert ahead.claim(subs[1], gate) is None       # begun before the check: not used
+        assert second.stages.harness.closed and second.timer.harness.closed
+        ahead.begin(ctx, case)
+        (third,) = ahead.prepared
+        assert third.health_checks == 2
+        assert ahead.claim(subs[2], gate) is third      # begun after it: used
+        third.close()
+
+
 def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes(
         tmp_path, make_submission):
     """Session 14's 100-copy course: 6 of 9 runs begun early failed on their turn, their work
@@ -622,7 +665,7 @@ def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
     folders, removed = contextlib.ExitStack(), []
     folders.callback(lambda: removed.append(True))
     prepared = pipeline.Prepared(sub, tmp_path / "work", tmp_path / "jit", stages=None, folders=folders)
-    monkeypatch.setattr(pipeline.Lookahead, "claim", lambda self, s: prepared if s is sub else None)
+    monkeypatch.setattr(pipeline.Lookahead, "claim", lambda self, s, gate=None: prepared if s is sub else None)
     calls = []
 
     def graded(sub_, build, ctx_, source, jit, prepared_=None, waited_s=0.0):
