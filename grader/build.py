@@ -34,6 +34,7 @@ from . import config
 from .build_cache import BuildCache, empty_folder
 from .device import DeviceInfo, find_nvcc
 from .procs import ProcResult, child_env, run_limited, split_cpus
+from .quota import QUOTA
 from .sandbox import Sandbox, give_to_sandbox
 from .status import Status
 from .submission import Kind, Submission
@@ -290,12 +291,22 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
     sandbox = sandbox.without_gpus() if sandbox is not None else None
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
         cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path])
-    proc = run_limited(cmd, timeout_s=timeout, env=env, cwd=sub.path,
-                       head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
-                       memory_bytes=int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None,
-                       file_bytes=int(limits.file_gb * (1 << 30)),
-                       cpus=split_cpus(limits.gpu_stage_cpus).build)   # off the timed calls' CPUs
+    memory = int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None
+    with QUOTA.watch(build_dir, int(limits.folder_gb * (1 << 30)), limits.folder_files):
+        proc = run_limited(cmd, timeout_s=timeout, env=env, cwd=sub.path,
+                           head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
+                           memory_bytes=memory,
+                           file_bytes=int(limits.file_gb * (1 << 30)),
+                           cpus=split_cpus(limits.gpu_stage_cpus).build,   # off the timed calls' CPUs
+                           started=lambda pid: QUOTA.attach(build_dir, pid, spare_root=False),
+                           ended=lambda pid: QUOTA.detach(build_dir, pid))
+        over = QUOTA.over(build_dir)
+    if sub.kind is Kind.PYTHON:   # an import check leaves nothing a later stage reads: what its
+        empty_folder(build_dir)   # code wrote there does not outlive the watch
     _write_log(log_path, proc.output)
+    if over is not None:
+        return BuildResult(Status.BUILD_ERROR, mode, proc.elapsed_s,
+                           message=over.message("its build folder")), proc.output
     if mode == "import" and device.cuda and not proc.ok and not proc.timed_out \
             and NEEDS_A_GPU.search(proc.output):
         return BuildResult(Status.PASS, mode, proc.elapsed_s,

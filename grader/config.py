@@ -69,6 +69,11 @@ class Limits:
     time_s: float = 180.0         # the timing process as a whole (import, warm-up, loop)
     build_memory_gb: float = 16.0  # address space of a build (nvcc, cicc): a runaway compile stops here
     file_gb: float = 4.0           # largest file a submission's process may write (a preprocessor bomb)
+    # What a folder given to a submission's code (its build folder, its JIT cache) may hold
+    # (grader/quota.py). Triton's cache of one kernel is a few MB in a few files; a CUDA build's,
+    # some 100 MB. The count also bounds each walk of the folder (one every 0.5 s).
+    folder_gb: float = 8.0
+    folder_files: int = 10_000
     output_head_bytes: int = 8_192
     output_tail_bytes: int = 24_576
     # The harness and the subject both busy-poll their pipes, so a timed call's protocol cost

@@ -37,6 +37,7 @@ from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, defa
                     end_processes, gpu_worker, process_tree, run_limited, set_gpu_workers,
                     spawn_capped, split_cpus, started_at, stopping)
 from .progress import Progress
+from .quota import QUOTA
 from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
 from .sandbox import Sandbox, give_to_sandbox
@@ -176,13 +177,25 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     if prepared is not None:
         try:
             with prepared.folders:
-                return _grade_built(sub, build, ctx, source, prepared.jit, prepared,
-                                    time.monotonic() - turn)
+                return _over_quota(_grade_built(sub, build, ctx, source, prepared.jit, prepared,
+                                                time.monotonic() - turn), prepared.jit)
         except NotStarted as gone:   # graded anew below, in new folders, its time counted as waiting
             ctx.progress.note(f"{sub.id}: its run begun early did not start; running it anew"
                               + _harness_said(gone.output))
-    with jit_cache(sub) as jit:
-        return _grade_built(sub, build, ctx, source, jit, waited_s=time.monotonic() - turn)
+    with jit_cache(sub, ctx.limits) as jit:
+        return _over_quota(_grade_built(sub, build, ctx, source, jit,
+                                        waited_s=time.monotonic() - turn), jit)
+
+
+def _over_quota(result: SubmissionResult, jit: Path | None) -> SubmissionResult:
+    """`result`, unless its JIT cache went over its limits (grader/quota.py): then that is the
+    verdict, whatever its stages made of their killed processes, and it is not timed."""
+    watch = QUOTA.over(jit)
+    if watch is None:
+        return result
+    return dataclasses.replace(result, status=Status.RUNTIME_ERROR,
+                               message=watch.message("its JIT cache folder"), timing=None,
+                               timed_case=None)
 
 
 def _harness_said(output: str) -> str:
@@ -469,12 +482,14 @@ JIT_CACHE_VARS = {"TRITON_CACHE_DIR": "triton", "TILELANG_CACHE_DIR": "tilelang"
 
 
 @contextlib.contextmanager
-def jit_cache(sub: Submission):
-    """The submission's JIT cache folder for its GPU stages (None for a CUDA build), removed after."""
+def jit_cache(sub: Submission, limits: config.Limits):
+    """The submission's JIT cache folder for its GPU stages (None for a CUDA build), watched
+    (grader/quota.py: the harnesses given it attach), removed after."""
     if sub.kind is not Kind.PYTHON:
         yield None
         return
-    with tempfile.TemporaryDirectory(prefix=f"jit-{sub.module_name}-", dir=_scratch(1 << 30)) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"jit-{sub.module_name}-", dir=_scratch(1 << 30)) as tmp, \
+            QUOTA.watch(Path(tmp), int(limits.folder_gb * (1 << 30)), limits.folder_files):
         folder = Path(tmp)
         for name in JIT_CACHE_VARS.values():
             (folder / name).mkdir()
@@ -633,7 +648,8 @@ def harness_spec(mode: str, target: dict, ctx: GradeContext, work: Path, *, fold
                 cwd=str(cwd), head_bytes=ctx.limits.output_head_bytes,
                 tail_bytes=ctx.limits.output_tail_bytes,
                 file_bytes=int(ctx.limits.file_gb * (1 << 30)), deadline_s=deadline_s,
-                out_dir=str(work), result=str(work / f"{mode}.json"), **fields)
+                out_dir=str(work), result=str(work / f"{mode}.json"),
+                jit=str(jit) if jit else None, **fields)
     return spec, work / f"{mode}_spec.json"
 
 
@@ -653,7 +669,9 @@ def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folde
                                    jit=jit, **fields)
     spec_path.write_text(json.dumps(spec))
     proc = run_limited([*HARNESS, str(spec_path)], timeout_s=deadline_s + 300, env=ctx.env,
-                       cwd=config.REPO_ROOT, cpus=ctx.cpus.gpu)
+                       cwd=config.REPO_ROOT, cpus=ctx.cpus.gpu,
+                       started=lambda pid: QUOTA.attach(jit, pid, spare_root=True),
+                       ended=lambda pid: QUOTA.detach(jit, pid))
     return harness_record(Path(spec["result"]), proc.output)
 
 
@@ -686,6 +704,7 @@ class WarmHarness:
         self.ready_r, self.decide_w = ready_r, decide_w
         self.key = _harness_key(env, cpus)
         self.closed = False
+        self.jit: str | None = None   # its spec's JIT cache folder (grader/quota.py)
         self.left: set[int] = set()   # processes still running after close (end_processes)
 
     def begin(self, spec: dict, spec_path: Path, cpus: CpuSplit | None = None) -> None:
@@ -693,6 +712,8 @@ class WarmHarness:
         is now: the run stage's "harness" part is how long a warm harness took to take it up."""
         where = dict(cpus=list(cpus.gpu)) if cpus else {}
         spec_path.write_text(json.dumps(dict(spec, spawned=time.monotonic(), **where)))
+        self.jit = spec.get("jit")
+        QUOTA.attach(self.jit, self.proc.pid, spare_root=True)   # its subject writes there
         self.say(f"spec {spec_path}\n".encode())
 
     def said(self, timeout_s: float) -> bytes:
@@ -727,6 +748,7 @@ class WarmHarness:
             self.wait(wait_s)   # the harness ends its subject (Link.close) and exits
         # gone, each of them, before this returns (grader/gate.py's invariant); `left`: any not
         self.left = end_processes(self.proc, tree, timeout_s=60)
+        QUOTA.detach(self.jit, self.proc.pid)
         self.reader.join(timeout=10)
         for fd in (self.ready_r, self.decide_w):
             os.close(fd)
@@ -994,7 +1016,7 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
     checks = _health_checks(ctx)   # as it was before any of it began
     folders = contextlib.ExitStack()
     try:
-        jit = folders.enter_context(jit_cache(sub))
+        jit = folders.enter_context(jit_cache(sub, ctx.limits))
         work = Path(folders.enter_context(_work_folder(sub)))
         spec, spec_path = stages_spec(sub, build, runnable, ctx, work, jit, timed, prepare=True)
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.run_cpus, spare=False)

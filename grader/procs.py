@@ -343,20 +343,27 @@ def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathL
 def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
                 cwd: str | os.PathLike | None = None, head_bytes: int = 8192,
                 tail_bytes: int = 24576, memory_bytes: int | None = None,
-                file_bytes: int | None = None, cpus: Iterable[int] | None = None) -> ProcResult:
+                file_bytes: int | None = None, cpus: Iterable[int] | None = None,
+                started: Callable[[int], None] | None = None,
+                ended: Callable[[int], None] | None = None) -> ProcResult:
     """Run `cmd` in a new session with a wall-clock limit; output merged and capped, `cpus` the
-    only CPUs it runs on (spawn_capped)."""
+    only CPUs it runs on (spawn_capped). `started(pid)` once it runs and `ended(pid)` once its
+    group is killed (grader/quota.py: the folder it writes)."""
     start = time.monotonic()
     proc, reader = spawn_capped(cmd, env=env, cwd=cwd, head_bytes=head_bytes,
                                 tail_bytes=tail_bytes, memory_bytes=memory_bytes,
                                 file_bytes=file_bytes, cpus=cpus)
     timed_out = False
     try:
+        if started is not None:
+            started(proc.pid)
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
         kill_group(proc)
+        if ended is not None:
+            ended(proc.pid)
     reader.join(timeout=10)
     return ProcResult(returncode=None if timed_out else proc.returncode, timed_out=timed_out,
                       elapsed_s=time.monotonic() - start, output=reader.text(),

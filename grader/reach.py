@@ -76,7 +76,8 @@ f_back f_globals f_locals f_builtins f_code tb_frame tb_next gi_frame cr_frame a
 cudart nvtx package sys_importer hub cpp_extension load_inline load_library
 compile_module_from_src load_binary fromfile from_file memmap frombuffer stride_tricks
 serialization knobs ir_override
-tofile savetxt savez savez_compressed open_memmap SummaryWriter
+tofile savetxt savez savez_compressed open_memmap SummaryWriter dump
+FileCacheManager get_cache_manager default_cache_dir cache_dir
 weights_only allow_pickle pickle_module CUDAPluggableAllocator XPUPluggableAllocator
 change_current_allocator FunctionEvent EventList overrides library mro share_memory_
 set_trace settrace setprofile
@@ -88,8 +89,8 @@ REACH_PARTS = re.compile(r"profil|kineto|cupti", re.IGNORECASE)
 # aliases a file imports (`import torch as t; t.load(...)` and `from torch import load` are both
 # `torch.load`).
 REACH_PATHS = frozenset({"torch.load", "numpy.load", "torch.jit.load", "torch.ops.load_library"})
-# ... and that write files (with the names tofile, savetxt, savez, open_memmap, SummaryWriter
-# above). A kernel writes no file, and a JIT compiler's cache folder (pipeline.jit_cache, $HOME in
+# ... and that write files (with the names tofile, savetxt, savez, open_memmap, SummaryWriter,
+# ndarray.dump, and Triton's cache manager, which also names the JIT cache's folder, above). A kernel writes no file, and a JIT compiler's cache folder (pipeline.jit_cache, $HOME in
 # the sandbox) is where Triton finds the launcher library it loads: bytes written there by the
 # submission would be native code that no audit read (red team, session 8).
 WRITE_PATHS = frozenset({"torch.save", "numpy.save", "torch.jit.save", "torch.export.save",

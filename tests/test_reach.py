@@ -78,6 +78,10 @@ def test_every_attack_that_reaches_the_grader_is_seen(name):
     ("import torch\nx = torch.zeros(1)\ntorch.save(x, 'f')", "torch.save"),
     ("from numpy import save as keep\nkeep('f', x)", "numpy.save"),
     ("import numpy\nnumpy.savez('f', x)", "savez"),
+    # red team, session 18: files past the folder quota's audit (grader/quota.py is beneath it)
+    ("import numpy as np\nnp.zeros(1 << 20).dump('f')", "dump"),
+    ("import triton\nm = triton.runtime.cache.FileCacheManager('k')\nm.put(b'x' * 9, 'f')",
+     "FileCacheManager"),
 ])
 def test_each_way_in_is_named(text, what):
     assert what in audit(text)
