@@ -266,11 +266,12 @@ def test_a_python_submissions_stages_share_its_jit_cache_and_no_one_elses(make_s
         proc = run_limited(cmd, timeout_s=120, env=jit_env(child_env(cuda=False), jit))
         assert proc.ok, proc.output[-2000:]
         return proc.output.strip().splitlines()[-1]
-    with jit_cache(a) as jit_a, jit_cache(b) as jit_b:
+    with jit_cache(a, config.Limits()) as jit_a, jit_cache(b, config.Limits()) as jit_b:
         assert jit_a != jit_b
         assert run(jit_a, write) == "['kernel.cubin']"    # the run stage compiles
         assert run(jit_a, read) == "['kernel.cubin']"     # the timing stage finds it
         assert run(jit_b, read) == "[]"                   # another submission does not
     assert not jit_a.exists() and not jit_b.exists()
-    with jit_cache(inspect_folder(make_submission("c", "x", filename="submission.cu"))) as none:
+    cuda = inspect_folder(make_submission("c", "x", filename="submission.cu"))
+    with jit_cache(cuda, config.Limits()) as none:
         assert none is None                               # a CUDA build has nothing to JIT
