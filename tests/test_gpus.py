@@ -683,6 +683,29 @@ def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
     assert "OSError: the reason" in stream.getvalue()
 
 
+def test_a_turn_with_nothing_begun_early_waited_for_nothing(tmp_path, make_submission, monkeypatch):
+    """stage_s "wait" is the time a turn waited for its run begun early. With none begun, none:
+    not the time making its JIT folder took, nor a loaded machine's delay in getting there
+    (CI's 2-core machine gave a CPU run a "wait" that way)."""
+    case = Case(1, 2, 16, 64, seed=3)
+    ctx = _ctx(tmp_path, case, [gpu(0)])
+    sub = inspect_folder(make_submission("alone", "def custom_kernel(data):\n    return data[2]\n"))
+    real_jit_cache, calls = pipeline.jit_cache, []
+
+    @contextlib.contextmanager
+    def slow_jit_cache(sub_, limits):
+        time.sleep(0.05)   # a loaded machine
+        with real_jit_cache(sub_, limits) as jit:
+            yield jit
+
+    monkeypatch.setattr(pipeline, "jit_cache", slow_jit_cache)
+    monkeypatch.setattr(pipeline, "_grade_built",
+                        lambda sub_, build, ctx_, source, jit, prepared_=None, waited_s=0.0:
+                        calls.append(waited_s) or "graded")
+    assert pipeline.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded"
+    assert calls == [0.0]
+
+
 class _GoneStages:
     """A prepared run's Stages whose harness ends with no record on its turn."""
     closed = False
