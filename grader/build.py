@@ -298,8 +298,7 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
                            memory_bytes=memory,
                            file_bytes=int(limits.file_gb * (1 << 30)),
                            cpus=split_cpus(limits.gpu_stage_cpus).build,   # off the timed calls' CPUs
-                           started=lambda pid: QUOTA.attach(build_dir, pid, spare_root=False),
-                           ended=lambda pid: QUOTA.detach(build_dir, pid))
+                           **QUOTA.hooks(build_dir, spare_root=False))
         over = QUOTA.over(build_dir)
     if sub.kind is Kind.PYTHON:   # an import check leaves nothing a later stage reads: what its
         empty_folder(build_dir)   # code wrote there does not outlive the watch

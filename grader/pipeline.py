@@ -675,8 +675,7 @@ def run_harness(mode: str, target: dict, ctx: GradeContext, work: Path, *, folde
     spec_path.write_text(json.dumps(spec))
     proc = run_limited([*HARNESS, str(spec_path)], timeout_s=deadline_s + 300, env=ctx.env,
                        cwd=config.REPO_ROOT, cpus=ctx.cpus.gpu,
-                       started=lambda pid: QUOTA.attach(jit, pid, spare_root=True),
-                       ended=lambda pid: QUOTA.detach(jit, pid))
+                       **QUOTA.hooks(jit, spare_root=True))   # its subject writes there
     return harness_record(Path(spec["result"]), proc.output)
 
 

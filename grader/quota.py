@@ -94,7 +94,7 @@ class Quota:
     def watch(self, folder: Path, limit_bytes: int, limit_files: int) -> Iterator[Watch]:
         """`folder` watched while inside; the Watch says whether it went over."""
         watch = Watch(folder, limit_bytes, limit_files)
-        key = str(Path(folder).absolute())
+        key = _key(folder)
         with self._lock:
             self._watches[key] = watch
             if self._thread is None:
@@ -112,7 +112,7 @@ class Quota:
         `root` itself when spare_root (a harness: its subject dies, it says so), if the folder
         goes over. Attached until detach, or until the watch ends."""
         with self._lock:
-            watch = self._watches.get(str(Path(folder).absolute())) if folder else None
+            watch = self._of(folder)
             if watch is not None:
                 watch.roots[root] = (started_at(root), spare_root)
                 if watch.over is not None:   # over already: nothing of it runs again
@@ -120,18 +120,28 @@ class Quota:
 
     def detach(self, folder: Path | str | None, root: int) -> None:
         with self._lock:
-            watch = self._watches.get(str(Path(folder).absolute())) if folder else None
+            watch = self._of(folder)
             if watch is not None:
                 watch.roots.pop(root, None)
+
+    def hooks(self, folder: Path | str | None, *, spare_root: bool) -> dict:
+        """procs.run_limited's `started` and `ended` for a process given `folder`: attached
+        while it runs."""
+        return dict(started=lambda pid: self.attach(folder, pid, spare_root=spare_root),
+                    ended=lambda pid: self.detach(folder, pid))
 
     def over(self, folder: Path | None) -> Watch | None:
         """The watch of `folder` if it is, or went, over its limits (looked at now too: a writer
         can finish between two polls), else None."""
         with self._lock:
-            watch = self._watches.get(str(Path(folder).absolute())) if folder else None
+            watch = self._of(folder)
         if watch is not None:
             self._check(watch)
         return watch if watch is not None and watch.over is not None else None
+
+    def _of(self, folder: Path | str | None) -> Watch | None:
+        """The watch of `folder`, if it is watched (the lock held)."""
+        return self._watches.get(_key(folder)) if folder else None
 
     def check(self) -> None:
         """One poll: each folder over its limits has its processes killed and is emptied."""
@@ -160,6 +170,10 @@ class Quota:
                 self.check()
             except Exception:   # never the grader's end: the next poll tries again
                 pass
+
+
+def _key(folder: Path | str) -> str:
+    return str(Path(folder).absolute())
 
 
 def _kill(root: int, started: int | None, spare_root: bool) -> bool:
