@@ -5,6 +5,7 @@
 #   make check SUBMISSION=student EXECUTOR=slurm PARTITION=gpu   (the check on a Slurm GPU node)
 #   make test | make test-gpu | make bench | make adversarial | make timing-trust
 #   make bench-grader COPIES=100 BUDGET=15 GPUS="0 0,1" BENCH_ARGS=--warm   (grader throughput)
+#   make review | make review ID=alice DECISION=cleared|disqualified NOTE="why"   (the review queue)
 #   make release | make clean (keeps results/) | make clean-results (deletes them)
 SHELL := /bin/sh
 PYTHON_BASE ?= python3
@@ -45,7 +46,7 @@ CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
 KNOBS := base=$(PYTHON_BASE) torch=$(TORCH_SPEC) triton=$(WITH_TRITON) tilelang=$(WITH_TILELANG) browser=$(WITH_BROWSER) chromium=$(CHROMIUM)
 STAMP := $(VENV)/.ready-$(shell printf '%s' '$(KNOBS)' | cksum | cut -d' ' -f1)
 
-.PHONY: env grade check leaderboard test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
+.PHONY: env grade check leaderboard review test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
 
 env: $(STAMP)
 
@@ -65,6 +66,14 @@ check: env
 leaderboard: env
 	$(PY) -m grader leaderboard --out $(RESULTS) $(REPORT_ARGS)
 
+# Issue 30: the review queue (grader/review.py). Without ID: list it; ID alone: that submission in
+# full, its source too; ID with DECISION (cleared or disqualified) and NOTE: record the decision
+# and re-render the page and exports. ID, DECISION and NOTE reach the command through the
+# environment, so a note may hold any quote or space.
+review: env
+	$(PY) -m grader review --out $(RESULTS) $(REPORT_ARGS) $(if $(DECISION),--decision "$$DECISION") \
+	  $(if $(NOTE),--note "$$NOTE") $(if $(ID),-- "$$ID")
+
 test: env
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
@@ -83,11 +92,14 @@ bench-grader: env
 
 # Issue 5: the adversarial submissions beside the examples, graded as a course would grade them
 # (tests/adversarial/verdicts.py checks both against their expected verdicts). The examples are
-# the honest kernels of every track: CUDA, Triton, CuTe and TileLang.
+# the honest kernels of every track: CUDA, Triton, CuTe and TileLang; beside them the honest
+# corpus (tests/corpus: Triton written the ways students write it), none of which may be sent to
+# review or flagged (issue 30).
 ADVERSARIAL_EXAMPLES = naive_cuda tiled_cuda triton_flash cute_flash tilelang_flash
 adversarial: env
 	rm -rf build/adversarial && $(PY) tests/adversarial/assemble.py build/adversarial/submissions
 	cp -r $(addprefix examples/,$(ADVERSARIAL_EXAMPLES)) build/adversarial/submissions/
+	cp -r tests/corpus/*/ build/adversarial/submissions/
 	GRADER_RUN_S=$${GRADER_RUN_S:-30} GRADER_TIME_BUDGET_S=$${GRADER_TIME_BUDGET_S:-5} \
 	  $(PY) -m grader grade build/adversarial/submissions --out results-adversarial \
 	  --build-dir build/adversarial/build $(if $(JOBS),--jobs $(JOBS))

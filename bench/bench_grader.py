@@ -122,9 +122,15 @@ def _copy(template: Path, dest: Path, *, note: str) -> None:
 
 
 def _honest_verdict(template: Path, gpu: bool) -> str:
-    if gpu:
-        return "pass"
-    return "not_run" if (template / CUDA_FILE).is_file() else "pass"   # compiled, not run
+    """What an honest copy must get: pass (a CUDA one without a GPU: compiled, not run), or, for
+    Python the audit cannot account for (a kernel in numpy, as the CPU tests' copies are:
+    grader/allowlist.py), review: graded, not ranked."""
+    if (template / CUDA_FILE).is_file():
+        return "pass" if gpu else "not_run"
+    from grader.allowlist import audit_folder
+    from grader.submission import read_sources
+    found = audit_folder(read_sources(template), template)
+    return "flagged" if found.flagged else "review" if found.review else "pass"
 
 
 def _example_verdicts() -> dict:

@@ -3,6 +3,8 @@
     python -m grader grade [SUBMISSIONS_DIR] [--out RESULTS_DIR]   # instructors
     python -m grader check PATH                                    # a student, on one folder
     python -m grader leaderboard [--out RESULTS_DIR]               # re-render from result files
+    python -m grader review [--out RESULTS_DIR] [ID [--clear | --disqualify] --note TEXT]
+                                                                   # the review queue; decide
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import dataclasses
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,8 +31,10 @@ from .locks import RunLock
 from .pipeline import GpuUnhealthy, grade_all, gpu_records, grading_context, now
 from .policy import POLICY_FILE, PolicyError, load_policy, missing_baselines
 from .progress import Progress
-from .report import terminal_table, write_reports
+from .report import review_entries, terminal_table, write_reports
 from .results import RunFileError, read_results, read_run
+from .review import (DECISIONS, ReviewError, decision_problem, load_decisions, make_decision,
+                     queue_text, record_decision)
 from .roster import RosterError, load_roster
 from .runs import LockHeld, RunJournal, RunSession, check_only, previous_run_note
 from .sandbox import Sandbox, SandboxUnavailable, default_layout
@@ -123,6 +128,24 @@ def parser() -> argparse.ArgumentParser:
     lb.add_argument("--out", type=Path, default=config.DEFAULT_RESULTS)
     _roster(lb)
     _policy(lb)
+    # Issue 30: the review queue and the instructors' decisions (grader/review.py).
+    rv = sub.add_parser("review", help="list the review queue, or record an instructor's decision "
+                                       "and re-render the page and exports")
+    rv.add_argument("id", nargs="?", metavar="ID",
+                    help="a submission: shown in full (its source too), or the one decided on")
+    how = rv.add_mutually_exclusive_group()
+    how.add_argument("--clear", dest="decision", action="store_const", const=DECISIONS[0],
+                     help="cleared: a review result ranks with its measured time")
+    how.add_argument("--disqualify", dest="decision", action="store_const", const=DECISIONS[1],
+                     help="disqualified: flagged, the note as its verdict, never ranked")
+    how.add_argument("--decision", choices=DECISIONS,
+                     help="the same by name (make review ID=... DECISION=cleared|disqualified)")
+    rv.add_argument("--note", default="",
+                    help="why, in a sentence the student reads (required to disqualify)")
+    rv.add_argument("--by", help="who decides (default: your login)")
+    rv.add_argument("--out", type=Path, default=config.DEFAULT_RESULTS)
+    _roster(rv)
+    _policy(rv)
     return p
 
 
@@ -386,6 +409,81 @@ def _holds_submission(folder: Path) -> bool:
         return False
 
 
+def _run_and_policy(args):
+    """(run file, policy) of `leaderboard` and `review`, or None once the error is printed: a
+    missing or truncated run file, or a malformed policy, is a clear line, not a traceback."""
+    try:
+        run = read_run(args.out)
+    except RunFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+    policy = _load_policy(args)
+    return None if policy is None else (run, policy)
+
+
+def _review(args) -> int:
+    """`review`: the queue (one submission in full with its ID), or, with a decision, the
+    decision recorded in the results folder and every report re-rendered exactly as
+    `leaderboard` renders them, so that the page, grades and exports follow at once."""
+    loaded = _run_and_policy(args)
+    if loaded is None:
+        return 2
+    run, policy = loaded
+    results = read_results(args.out, run)
+    try:
+        queue = review_entries(args.out, results, run, policy,
+                               with_source=bool(args.id) and args.decision is None)
+        decided = load_decisions(args.out)
+    except ReviewError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.decision is None:
+        if args.note:
+            print("error: --note goes with --clear or --disqualify", file=sys.stderr)
+            return 2
+        shown = [e for e in queue if e.id == args.id] if args.id else queue
+        students = {r.id: r for r in results if r.role == "student"}
+        if args.id and args.id not in students:
+            print(f"error: {decision_problem(args.id, DECISIONS[0], '', results, queue)}", file=sys.stderr)
+            return 2
+        if args.id and not shown:
+            print(f"{args.id} is {students[args.id].status.value}: not in the review queue")
+            return 0
+        unknown = sorted(set(decided) - {r.id for r in results})
+        print(queue_text(shown, out_dir=args.out, top=policy.review_top, full=bool(args.id),
+                         unknown=unknown, width=shutil.get_terminal_size((120, 24)).columns))
+        return 0
+    if not args.id:
+        print("error: name the submission to decide on: python -m grader review ID --clear|--disqualify "
+              "--note TEXT", file=sys.stderr)
+        return 2
+    problem = decision_problem(args.id, args.decision, args.note, results, queue)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    graded = next(r for r in results if r.id == args.id)
+    decision = make_decision(graded, args.decision, args.note,
+                             by=args.by if args.by is not None else _login())
+    path = record_decision(args.out, decision)
+    print(f"recorded in {path}: {args.id} {decision.decision} (on source {decision.source[:12]}, "
+          f"graded {decision.status}); re-rendering the reports", file=sys.stderr)
+    code = main(["leaderboard", "--out", str(args.out),
+                 *(["--roster", str(args.roster)] if args.roster else []),
+                 *(["--policy", str(args.policy)] if args.policy else [])])
+    if code:
+        print(f"error: the decision is recorded, but the reports were not re-rendered: fix the "
+              f"above, then run python -m grader leaderboard --out {args.out}", file=sys.stderr)
+    return code
+
+
+def _login() -> str:
+    import getpass
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if getattr(args, "roster", None):   # a bad roster stops before grading, not after
@@ -394,15 +492,13 @@ def main(argv: list[str] | None = None) -> int:
         except RosterError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    if args.command == "review":
+        return _review(args)
     if args.command == "leaderboard":
-        try:   # a missing or truncated run file: a clear line, not a traceback
-            run = read_run(args.out)
-        except RunFileError as e:
-            print(f"error: {e}", file=sys.stderr)
+        loaded = _run_and_policy(args)
+        if loaded is None:
             return 2
-        policy = _load_policy(args)
-        if policy is None:
-            return 2
+        run, policy = loaded
         results = read_results(args.out)
         if run.get("baselines", True) and any(r.timing for r in results if r.role == "student"):
             lost = missing_baselines(policy, {r.id for r in results if r.role == "baseline" and r.timing})

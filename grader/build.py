@@ -10,6 +10,10 @@ include path, for the CuTe track.
 Every CUDA build starts from an empty build folder. A build that nothing it depends on has changed
 since (build_inputs) is not compiled again: its files come back from the build cache
 (grader/build_cache.py), checked, and the stage's result is the one that build had.
+
+What a CUDA build includes and defines is read from what the compiler did, never from the text:
+every header its translation unit opened (the compiler's dependency output, HEADERS_RECORD) and
+the __global__ functions its object defines (BuildResult.kernels). grader/reach.py audits both.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ from .submission import Kind, Submission
 # STUDENT_OBJECT (with a GPU and in a compile check alike): everything the submission wrote is in it.
 STUDENT_OBJECT = "cuda.cuda.o"
 LOAD_INLINE_PRELUDE = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+# Beside it, the build child's record of every file that translation unit opened (record_headers),
+# read by the reach audit (reach.cpp_includes) and kept by the build cache.
+HEADERS_RECORD = "headers.json"
+HEADERS_SCHEMA = 1
+# Where nvcc writes its dependency list in a compile check (-MD -MF); the extension's build has
+# torch's ninja rule write it, and ninja keeps it (.ninja_deps).
+DEPFILE = STUDENT_OBJECT + ".d"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +65,25 @@ class BuildResult:
     message: str = ""             # one line for the student
     log_tail: str = ""            # the relevant part of the compiler's output
     reused: bool = False          # its files came from the build cache: nothing was compiled
+    # The __global__ functions the object compiled from the submission's translation unit defines
+    # (reach.defined_kernels, demangled), filled when a CUDA build passes, a restored one too: the
+    # kernels it may call its own (integrity.cpp_kernel_names). Empty for Python and failures.
+    kernels: tuple[str, ...] = ()
+    # What the audit of a passing CUDA build found for an instructor (reach.native_review, filled
+    # by the pipeline's audit of the build): why it goes to review, and notes 'where: what' on
+    # unusual but allowed constructs (those reasons among them).
+    review: tuple[str, ...] = ()
+    audit_notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "BuildResult":
-        return cls(**{**d, "status": Status(d["status"])})
+        """From to_dict's output, or an older result file's (no kernels, review or notes: none
+        known)."""
+        return cls(**{**d, "status": Status(d["status"]),
+                      **{k: tuple(d.get(k) or ()) for k in ("kernels", "review", "audit_notes")}})
 
 
 def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
@@ -83,10 +106,29 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
             + NOT_YOURS))
     sandboxed = sandbox is not None and sandbox.active
     if sub.kind is not Kind.CUDA or cache is None or not cache.usable or not sandboxed:
-        return _build_tried(sub, build_dir=build_dir, device=device, limits=limits,
-                            log_path=log_path, sandbox=sandbox)[0]
-    return _build_cached(sub, cache, build_dir=build_dir.resolve(), device=device, limits=limits,
-                         log_path=log_path, sandbox=sandbox)
+        built = _build_tried(sub, build_dir=build_dir, device=device, limits=limits,
+                             log_path=log_path, sandbox=sandbox)[0]
+    else:
+        built = _build_cached(sub, cache, build_dir=build_dir.resolve(), device=device,
+                              limits=limits, log_path=log_path, sandbox=sandbox)
+    return with_kernels(built, build_dir) if sub.kind is Kind.CUDA else built
+
+
+def with_kernels(built: BuildResult, build_dir: Path) -> BuildResult:
+    """A passing CUDA build with what its object defines (BuildResult.kernels), read here, in
+    the grader's process, from the object it left or the cache restored; and with its record of
+    the headers it opened checked for. Without either, the build cannot be audited: the
+    machine's failure (ENVIRONMENT_ERROR), never a pass."""
+    if built.status is not Status.PASS:
+        return built
+    from .reach import AuditUnavailable, defined_kernels, read_headers_record
+    try:
+        read_headers_record(Path(build_dir) / HEADERS_RECORD)
+        kernels = defined_kernels(Path(build_dir) / STUDENT_OBJECT)
+    except (AuditUnavailable, OSError, subprocess.SubprocessError) as e:
+        return dataclasses.replace(built, status=Status.ENVIRONMENT_ERROR, message=(
+            f"the grading machine cannot read what the build made: {e}. {NOT_YOURS}"))
+    return dataclasses.replace(built, kernels=tuple(kernels))
 
 
 def _build_cached(sub: Submission, cache: BuildCache, *, build_dir: Path, device: DeviceInfo,
@@ -160,9 +202,10 @@ def artifact_path(build_dir: Path, mode: str, module_name: str) -> str | None:
 
 def cached_files(mode: str, module_name: str) -> list[str]:
     """The files of a build folder that later stages read, and so the build cache keeps: the
-    extension module (the subject loads it) and the object compiled from the submission's
-    translation unit (the reach audit reads its imports)."""
-    return ([f"{module_name}.so"] if mode == "extension" else []) + [STUDENT_OBJECT]
+    extension module (the subject loads it), the object compiled from the submission's
+    translation unit (the reach audit reads its imports and kernels) and the record of the
+    headers that unit opened (the audit reads which)."""
+    return ([f"{module_name}.so"] if mode == "extension" else []) + [STUDENT_OBJECT, HEADERS_RECORD]
 
 
 # Environment variables the compilers or torch's extension builder read (the build's child
@@ -505,6 +548,9 @@ def build_extension(source: Path, name: str, build_dir: Path, arch: str,
         raise SystemExit("this torch's load_inline has no _import_module_from_library: the grader "
                          "cannot build without importing; update grader/build.py")
     cpp_extension._import_module_from_library = lambda name, path, is_python_module: path
+    # torch's ninja rule then has nvcc write the unit's dependency list, which ninja keeps
+    # (.ninja_deps): the headers the audit reads (main, record_headers).
+    os.environ["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "0"
     build_dir.mkdir(parents=True, exist_ok=True)
     cpp_extension.load_inline(name=name, cpp_sources=[config.ENTRY_DECLARATION],
                               cuda_sources=[source.read_text()], functions=[config.ENTRY_POINT],
@@ -604,9 +650,10 @@ def check_error_is_own(output: str, source: str) -> bool:
 
 
 def compile_check_command(unit: Path, obj: Path, name: str, arch: str, nvcc: str,
-                          first_include: list[str] = ()) -> list[str]:
+                          first_include: list[str] = (), depfile: Path | None = None) -> list[str]:
     """nvcc's command for the compile check: load_inline's flags for a CUDA source (torch's
-    COMMON_NVCC_FLAGS, the C++ standard and ABI of this torch, -O3, one architecture)."""
+    COMMON_NVCC_FLAGS, the C++ standard and ABI of this torch, -O3, one architecture), and, with
+    a `depfile`, nvcc's list of every file the unit opened (-MD -MF, as torch's ninja rule asks)."""
     import torch
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
     std = "-std=c++20" if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10) else "-std=c++17"
@@ -615,6 +662,8 @@ def compile_check_command(unit: Path, obj: Path, name: str, arch: str, nvcc: str
            "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",   # the CPU build of torch lacks this generated header
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            "-Xcompiler", "-fPIC", *COMMON_NVCC_FLAGS, *arch_flags(arch)]
+    if depfile is not None:
+        cmd += ["-MD", "-MF", str(depfile)]
     for inc in [*first_include, *include_paths(), *cuda_include_dirs(), *cutlass_include_dirs(),
                 sysconfig.get_paths()["include"]]:
         cmd += ["-I", inc]
@@ -627,12 +676,12 @@ def _compile_only(source: Path, name: str, build_dir: Path, arch: str, nvcc: str
     text = source.read_text()
     unit = build_dir / "cuda.cu"
     unit.write_text("\n".join(LOAD_INLINE_PRELUDE + [text]))
-    obj = build_dir / STUDENT_OBJECT
+    obj, depfile = build_dir / STUDENT_OBJECT, build_dir / DEPFILE
     shim = build_dir / "check-include"
     (shim / "torch").mkdir(parents=True, exist_ok=True)
     (shim / "torch" / "extension.h").write_text(CHECK_EXTENSION_H)
     print(f"compile check for sm_{arch} (no GPU here: compiled, not run)", flush=True)
-    cmd = compile_check_command(unit, obj, name, arch, nvcc, [str(shim)])
+    cmd = compile_check_command(unit, obj, name, arch, nvcc, [str(shim)], depfile)
     print(" ".join(cmd), flush=True)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -640,15 +689,88 @@ def _compile_only(source: Path, name: str, build_dir: Path, arch: str, nvcc: str
     if proc.returncode == 0 or check_error_is_own(proc.stdout, text):
         print(proc.stdout, end="", flush=True)
         print(f"compile check: {time.monotonic() - t0:.1f} s", flush=True)
-        sys.exit(proc.returncode)
+        _exit_recorded(proc.returncode, build_dir, lambda: _depfile_headers(depfile), "nvcc -MD",
+                       base=Path.cwd())
     # Only the second compile's output is shown: the student reads each message once.
     print(f"compile check: failed in {time.monotonic() - t0:.1f} s in a way that may involve "
           f"torch's headers; compiling again with the full torch/extension.h, as the real build "
           f"does", flush=True)
     obj.unlink(missing_ok=True)
-    cmd = compile_check_command(unit, obj, name, arch, nvcc)
+    depfile.unlink(missing_ok=True)
+    cmd = compile_check_command(unit, obj, name, arch, nvcc, depfile=depfile)
     print(" ".join(cmd), flush=True)
-    sys.exit(subprocess.run(cmd).returncode)
+    _exit_recorded(subprocess.run(cmd).returncode, build_dir, lambda: _depfile_headers(depfile),
+                   "nvcc -MD", base=Path.cwd())
+
+
+def _exit_recorded(returncode: int, build_dir: Path, headers, how: str, *, base: Path) -> None:
+    """End the build child: after a compile that passed, with the record of the headers it opened
+    written (record_headers). A record that cannot be made is the machine's problem, not the
+    student's: the child says why and still exits as the compile did, and the grader, finding no
+    record, calls the build an environment error (with_kernels)."""
+    if returncode == 0:
+        try:
+            record_headers(build_dir, headers(), how=how, base=base)
+        except (OSError, ValueError, RuntimeError, subprocess.SubprocessError) as e:
+            print(f"grader: no record of the headers the build opened: {e}", flush=True)
+    sys.exit(returncode)
+
+
+def record_headers(build_dir: Path, headers: list[str], *, how: str, base: Path) -> None:
+    """Write HEADERS_RECORD beside STUDENT_OBJECT: the real path of every file the compiler opened
+    for the submission's translation unit (the unit itself first), as it opened them.
+
+    Why the record can be trusted although the build child runs in the submission's sandbox:
+    nothing of the submission runs there. Its source is compiled, never run (the module is built,
+    not imported: build_extension), and a compiler reads files, it runs none of them. The list is
+    what the preprocessor opened, not what the text says: every spelling of an #include
+    (`<cutlass//gemm/...>`, `..`, an absolute path, a line continuation, a macro) is the file it
+    opens, and a GNU line marker in the source (`# 1 "cute/tensor.hpp" 1`), which changes the
+    names diagnostics, `-H` and the preprocessed markers show, adds or hides nothing here
+    (tests/test_native_audit.py). nvcc's list covers both its passes, the device code's and the
+    host code's. Paths are resolved here, in the view of the files the compiler had (a relative
+    one against `base`, the folder the compiler ran in)."""
+    if not headers:
+        raise ValueError("the compiler listed no file")
+    real = [os.path.realpath(os.path.join(base, h)) for h in headers]
+    record = dict(schema=HEADERS_SCHEMA, object=STUDENT_OBJECT, how=how, headers=real)
+    (build_dir / HEADERS_RECORD).write_text(json.dumps(record, indent=0))
+
+
+def _depfile_headers(depfile: Path) -> list[str]:
+    """nvcc's dependency list, read and then removed (the record holds what is needed)."""
+    paths = depfile_paths(depfile.read_text(errors="surrogateescape"))
+    depfile.unlink()
+    return paths
+
+
+def depfile_paths(text: str) -> list[str]:
+    """The prerequisites of the first rule of a make-style dependency file (gcc's and nvcc's -MD
+    output): after its target's colon, split on whitespace that no backslash escapes; `\\ ` is a
+    space, `\\#` a hash, `$$` a dollar, and a backslash that ends a line continues it."""
+    rule = re.sub(r"\\\r?\n", " ", text).split("\n", 1)[0]
+    colon = re.search(r":(?=\s|$)", rule)
+    if colon is None:
+        raise ValueError("not a dependency file (no target)")
+    tokens = re.findall(r"(?:\\[ #\t]|\$\$|\\(?![ #\t])|[^\s\\])+", rule[colon.end():])
+    return [re.sub(r"\\([ #\t])|\$(\$)", lambda m: m.group(1) or m.group(2), t) for t in tokens]
+
+
+def ninja_deps(build_dir: Path, target: str = STUDENT_OBJECT) -> list[str]:
+    """What ninja recorded of the files `target`'s compile opened (`ninja -t deps`): torch's rule
+    for a CUDA source has nvcc write a dependency file (-MD -MF), which ninja reads into its
+    .ninja_deps and deletes. Paths are as ninja keeps them (relative to the build folder or
+    absolute)."""
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        raise RuntimeError("ninja is not on PATH")
+    proc = subprocess.run([ninja, "-C", str(build_dir), "-t", "deps", target],
+                          capture_output=True, text=True, errors="surrogateescape", timeout=120)
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or not lines or not re.match(rf"{re.escape(target)}: #deps \d+", lines[0]):
+        raise RuntimeError(f"ninja keeps no dependency record of {target} (torch's build rule asked "
+                           f"for none?): {(proc.stdout or proc.stderr).strip()[:300]}")
+    return [line.strip() for line in lines[1:] if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -667,6 +789,8 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message="CUDA initialization", category=UserWarning)
     if a.mode == "extension":
         build_extension(a.source, a.name, a.build_dir, a.arch, a.cuda_flag)
+        _exit_recorded(0, a.build_dir, lambda: ninja_deps(a.build_dir), "ninja -t deps",
+                       base=a.build_dir)
     else:
         _compile_only(a.source, a.name, a.build_dir, a.arch, a.nvcc)
 

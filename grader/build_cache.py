@@ -3,8 +3,9 @@
 An entry is addressed by a digest of everything that decides the build (build.build_inputs: the
 submission folder's bytes, its module name, the mode, the flags and architecture, nvcc's, the
 host compilers', torch's, CUDA's and Python's versions, the grader's build code).
-It holds the files later stages read (the extension module and the object file the reach audit
-reads, build.cached_files), the build's log, and a manifest with each file's size and SHA-256.
+It holds the files later stages read (the extension module, and the object file and the record
+of the headers its compile opened, which the reach audit reads: build.cached_files), the build's
+log, and a manifest with each file's size and SHA-256.
 
 Trust (the invariant): no process that runs or builds submission code can write the cache. It
 lives in the grader's build folder (`build/cache/`); a sandboxed process sees only the system,
@@ -31,10 +32,11 @@ import json
 import os
 import secrets
 import shutil
-import stat
 import sys
 import time
 from pathlib import Path
+
+from .submission import open_regular
 
 SCHEMA = 1
 FOLDER = "cache"                 # under the grader's build folder
@@ -234,12 +236,12 @@ def _manifest_problem(manifest, key: str, inputs: dict) -> str:
 
 
 def _copy_regular(src: Path, dest: Path) -> dict:
-    """Copy a regular file (never through a link) and fsync it; its size, mode and SHA-256."""
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+    """Copy a regular file (never through a link) and fsync it; its size, mode and SHA-256.
+    `src` is in a build folder a sandboxed build could write: it is opened only if it is a
+    regular file, without blocking (submission.open_regular), so a named pipe left there fails
+    the store (OSError) instead of hanging the grader."""
+    fd, st = open_regular(src)
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{src} is not a regular file")
         digest = _stream(f, dest, st.st_mode & 0o755)
     return dict(size=st.st_size, mode=st.st_mode & 0o755, sha256=digest)
 
@@ -250,12 +252,11 @@ def _copy_checked(src: Path, dest: Path, want) -> str:
             and isinstance(want.get("size"), int) and isinstance(want.get("mode"), int)):
         return f"its manifest's record of {src.name} is malformed"
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
+        fd, st = open_regular(src)
     except OSError as e:
-        return f"{src.name}: {e.strerror}"
+        return f"{src.name}: {e.strerror or e}"
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size != want["size"]:
+        if st.st_size != want["size"]:
             return f"{src.name} is not the file it recorded (size {st.st_size}, not {want['size']})"
         digest = _stream(f, dest, want["mode"] & 0o755)
     if digest != want["sha256"]:

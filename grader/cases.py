@@ -1,8 +1,12 @@
 """Test cases: parse the CS149 line format into frozen dataclasses.
 
-    batch_size: 1; num_heads: 64; seq_len: 1024; head_dim: 128; seed: 1118
+    batch_size: 4; num_heads: 64; seq_len: 8192; head_dim: 128; seed: 1118
+    batch_size: 1; num_heads: 64; seq_len: 1024; head_dim: 128; seed: 1118; qk_std: 6
 
 Blank lines and lines starting with '#' are ignored; a trailing '# comment' is allowed.
+Optional fields: `rtol`, `atol` (the tolerance of this case) and `qk_std` (the standard
+deviation of Q and K; V stays N(0, 1)): with `qk_std: 6` the scores q·k/sqrt(D) have a standard
+deviation of 36 and pass 100, so a softmax without its running maximum overflows exp.
 """
 
 from __future__ import annotations
@@ -14,7 +18,14 @@ from pathlib import Path
 from .text import read_utf8
 
 FIELDS = ("batch_size", "num_heads", "seq_len", "head_dim", "seed")
-OPTIONAL_FIELDS = ("rtol", "atol")
+TOLERANCE_FIELDS = ("rtol", "atol")
+OPTIONAL_FIELDS = TOLERANCE_FIELDS + ("qk_std",)
+# The widest spread a case may ask for. The scores' standard deviation is qk_std², so 8 gives
+# scores of about ±400, already far past exp's range (88.7); and the plain fp16 implementation
+# the precision budget compares with (reference.attention_plain_fp16), which rounds its scores
+# to fp16, keeps them finite: |q·k|/sqrt(D) <= sqrt(D)·max|q|·max|k| stays far below fp16's
+# 65504 (about 52 000 for D = 128 even if every element were 8.5 standard deviations out).
+QK_STD_MAX = 8.0
 
 
 class CaseFileError(ValueError):
@@ -31,10 +42,19 @@ class Case:
     hidden: bool = False
     rtol: float | None = None   # per-case override of config.RTOL, kept with the case
     atol: float | None = None
+    qk_std: float = 1.0         # standard deviation of Q and K (inputs.make_inputs); V's is 1
 
     @property
     def id(self) -> str:
-        return f"b{self.batch_size}_h{self.num_heads}_s{self.seq_len}_d{self.head_dim}"
+        """`b1_h64_s1024_d128`; a case with another spread says so (`..._d128_qk6`): the same
+        shape drawn wider is another case, with other inputs and another reference."""
+        shape = f"b{self.batch_size}_h{self.num_heads}_s{self.seq_len}_d{self.head_dim}"
+        return shape if not self.scaled_qk else f"{shape}_qk{_number(self.qk_std).replace('.', 'p')}"
+
+    @property
+    def scaled_qk(self) -> bool:
+        """Q and K drawn with another standard deviation than torch.randn's 1."""
+        return self.qk_std != 1.0
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -58,7 +78,14 @@ class Case:
         return cls(**d)
 
     def line(self) -> str:
-        return "; ".join(f"{f}: {getattr(self, f)}" for f in FIELDS)
+        """The case as a case file writes it (the tolerance overrides left out)."""
+        spread = f"; qk_std: {_number(self.qk_std)}" if self.scaled_qk else ""
+        return "; ".join(f"{f}: {getattr(self, f)}" for f in FIELDS) + spread
+
+
+def _number(x: float) -> str:
+    """6.0 as '6', 2.5 as '2.5', exactly: two spreads never print the same."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
 def parse_case_line(text: str, *, where: str, hidden: bool = False) -> Case:
@@ -94,10 +121,15 @@ def parse_case_line(text: str, *, where: str, hidden: bool = False) -> Case:
     if not 0 <= parsed["seed"] < 2 ** 63:
         raise CaseFileError(f"{where}: seed must be a whole number from 0 to 2^63-1; got "
                             f"{parsed['seed']}.")
-    for key in OPTIONAL_FIELDS:   # a negative tolerance fails every kernel, and blames students
+    for key in TOLERANCE_FIELDS:   # a negative tolerance fails every kernel, and blames students
         if key in parsed and not (math.isfinite(parsed[key]) and parsed[key] >= 0):
             raise CaseFileError(f"{where}: {key} must be a finite number >= 0 (the default is "
                                 f"1e-2); got {values[key]}.")
+    spread = parsed.get("qk_std", 1.0)
+    if not (math.isfinite(spread) and 0 < spread <= QK_STD_MAX):
+        raise CaseFileError(f"{where}: qk_std must be a number above 0 and at most {QK_STD_MAX:g} "
+                            f"(the standard deviation of Q and K; the default is 1, and 6 puts the "
+                            f"scores past exp's range); got {values['qk_std']}.")
     return Case(hidden=hidden, **parsed)
 
 
@@ -115,9 +147,10 @@ def load_cases(path: Path | str, *, hidden: bool = False) -> list[Case]:
         except CaseFileError as e:
             problems.append(str(e))
             continue
-        if case.id in seen:
-            problems.append(f"{path}:{lineno}: same shape as line {seen[case.id]} ({case.id}); "
-                            f"remove one of them.")
+        if case.id in seen:   # the id is the shape and the spread: another qk_std is another case
+            what = "shape and qk_std" if case.scaled_qk else "shape"
+            problems.append(f"{path}:{lineno}: same {what} as line {seen[case.id]} ({case.id}); "
+                            f"remove one of them, or give one another qk_std.")
             continue
         seen[case.id] = lineno
         cases.append(case)
@@ -137,7 +170,7 @@ def load_all_cases(public: Path, hidden: Path | None) -> list[Case]:
 
 
 def with_cases(cases: list[Case], more: list[Case]) -> list[Case]:
-    """`cases` and those of `more` whose shape none of them has, smallest first."""
+    """`cases` and those of `more` whose id (shape and qk_std) none of them has, smallest first."""
     have = {c.id for c in cases}
     return sorted(cases + [c for c in more if c.id not in have], key=lambda c: (c.flops, c.id))
 

@@ -197,8 +197,30 @@ TIMING_VERIFY_HEADS = 16
 # cases' checks see every element of every case.
 TIMING_SPOT_SAMPLES = 3
 TIMING_SPOT_HEADS = 32
-# ... and every this many calls the harness lists the processes holding a CUDA context (NVML).
+# ... and every this many calls the harness lists the processes holding a CUDA context (NVML),
+# and takes up NVML's utilization samples since its last look (harness.BusyWatch: NVML keeps only
+# the last few seconds of them).
 TIMING_PROCESS_CHECK_EVERY = 10
+# ... and NVML's utilization samples are read at least this often (seconds) during the timed
+# loop: NVML keeps only each process's newest sample, one per 200 ms period on an H100
+# (harness.BusyWatch; session 19's probe: read every 0.5 s, three of five were lost).
+TIMING_NVML_READ_S = 0.1
+
+# What the subject reports is a claim, checked before the harness keeps it (grader/harness.py,
+# "what the subject reports"; issue 30): every number finite, of its type and within bounds, or
+# the reply is a protocol violation (runtime_error, naming the field). A list of launched kernels
+# holds at most REPORT_KERNELS entries (the subject lists at most 200: subject/loop.py
+# launched_names). The list covers a stretch of the harness's clock (a call, from its request to
+# its reply; the timed loop, from "profile on" to its report). One kernel's launches are at most
+# REPORT_LAUNCH_FLOOR plus REPORT_LAUNCHES_PER_MS for each ms of it: one launch a microsecond,
+# several times what a CUDA graph or a tight loop of launches reaches. One kernel's GPU time is
+# at most that stretch, plus REPORT_CLOCK_SLACK of it and REPORT_CLOCK_SLACK_MS (the GPU's clock
+# against the host's): a kernel does not run longer than the calls it ran in.
+REPORT_KERNELS = 200
+REPORT_LAUNCHES_PER_MS = 1000
+REPORT_LAUNCH_FLOOR = 10_000
+REPORT_CLOCK_SLACK = 0.01
+REPORT_CLOCK_SLACK_MS = 1.0
 # The subject runs the whole timed loop under torch.profiler (GPU activity only), for every row
 # alike: what the timed calls launch is listed, and their GPU time accounted for.
 

@@ -19,8 +19,9 @@
   "if test cases are hidden, students will not be able to see their total score"; the
   always-visible top-level `output` speaks of the build and the public cases only, and names no
   hidden case. `leaderboard` entries (https://gradescope-autograders.readthedocs.io/en/latest/leaderboards/)
-  exist only for a timed submission, and only one that passed every case is timed: like the
-  status on the students' page, that says all hidden cases passed, and nothing about any one.
+  exist only for a ranked submission (it passed every case and was timed, and does not wait for
+  an instructor's review): like the status on the students' page, that says all hidden cases
+  passed, and nothing about any one.
 - `feedback/<id>.md`: the student's report, with their pseudonym, to post when grades are
   published: it lists hidden cases as "hidden case k" with their status.
 
@@ -30,7 +31,9 @@ earlier run in the same folder; the paths it returns say why (`NotWritten`). A r
 is the machine's doing (`not_run`, `environment_error`) gets no score, never a 0: an empty cell
 in grades.csv, no row in the LMS files, no results.json.
 
-Everything a student sees is rendered from `Redactor.student_result` (grader/privacy.py).
+Everything a student sees is rendered from `Redactor.student_result` (grader/privacy.py). The
+rows come with the instructors' review decisions applied (report.reported, grader/review.py): a
+`review` result gets its correctness points and no performance points until it is cleared.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .feedback import feedback_markdown
+from .feedback import feedback_markdown, review_summary
 from .policy import Policy
 from .privacy import Redactor, unnumber
 from .results import SubmissionResult, write_json_atomic
@@ -263,6 +266,8 @@ def public_summary(row: "Row", run: dict, redactor: Redactor) -> str:
         line += f"; {failed.case}: {failed.status.value}"
     if row.result.status is Status.FLAGGED:
         line += f"\n{unnumber(r.message, VISIBLE_NAME)}"
+    if row.result.status is Status.REVIEW:   # its own lines, and that it is not a verdict
+        line += f"\n{unnumber(review_summary(r).rstrip('.'), VISIBLE_NAME)}"
     if any(c["hidden"] for c in run["cases"]):
         line += ". Hidden cases, performance and the total are shown when grades are published."
     return line
@@ -286,7 +291,7 @@ def gradescope_results(row: "Row", run: dict, policy: Policy, *, redactor: Redac
     result = dict(score=score.total if score else sum(t["score"] for t in tests),
                   output=public_summary(row, run, redactor)[:8000], visibility="visible",
                   stdout_visibility="hidden", tests=tests)
-    if r.timing:
+    if r.ranked:   # a time that waits for review, or was flagged, is on no leaderboard
         result["leaderboard"] = [dict(name="median ms", value=round(r.timing.median_ms, 4), order="asc"),
                                  dict(name="TFLOP/s", value=round(r.timing.tflops, 2), order="desc")]
     return result

@@ -1,14 +1,40 @@
 """Student-facing text for one result: the failed stage, the case, the error against the
-tolerance, a few bad indices, and the TODO to look at."""
+tolerance, a few bad indices, and the TODO to look at; for a `review` result, that it waits for
+an instructor (not a cheating verdict) and the lines of its own code the audit named."""
 
 from __future__ import annotations
 
 from .results import SubmissionResult
 from .status import Status
 
+REVIEW_HEADING = "Waiting for an instructor's review"
+REVIEW_TEXT = ("Your submission passed its cases, but it uses code the grader cannot account for, "
+               "so it is not ranked and earns no performance points until an instructor has looked "
+               "at it. This is not a cheating verdict: an instructor will clear it (it then ranks "
+               "with the time it was measured at) or tell you why not. To rank without waiting, use "
+               "only what a kernel wrapper needs (the kernel language, tensors and their shapes, "
+               "math).")
+
+
+def review_lines(r: SubmissionResult) -> list[str]:
+    """What the grader's audit could not account for, in the student's own code: 'file line N:
+    name (why)' each; [] unless `r` waits for review."""
+    if r.status is not Status.REVIEW:
+        return []
+    return list(r.review) or ["(the audit named no line: ask your instructor)"]
+
+
+def review_summary(r: SubmissionResult) -> str:
+    """REVIEW_TEXT and the lines it is about, in a paragraph; '' unless `r` waits for review."""
+    lines = review_lines(r)
+    return f"{REVIEW_TEXT} It could not account for: {'; '.join(lines)}." if lines else ""
+
 
 def feedback_text(r: SubmissionResult) -> str:
     lines = [f"{r.label}: {r.status.value.upper()}", f"  {r.message}"]
+    if review_lines(r):
+        lines += [f"\n{REVIEW_HEADING}: {REVIEW_TEXT}", "What it could not account for:"]
+        lines += [f"  {line}" for line in review_lines(r)]
     if r.build and r.build.status is not Status.PASS:
         lines.append(f"\nStage: build ({r.build.mode}, {r.build.elapsed_s:.0f} s)")
         if r.build.log_tail:
@@ -56,6 +82,9 @@ def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = Non
         lines += [f"**Score:** {score.total:g} / {score.max_total:g} (correctness "
                   f"{score.correctness:g}, performance {score.performance:g}: "
                   f"{score.performance_basis})", ""]
+    if review_lines(r):
+        lines += [f"## {REVIEW_HEADING}", "", REVIEW_TEXT, "", "What it could not account for:", ""]
+        lines += [f"- `{_inline(line)}`" for line in review_lines(r)] + [""]
     if r.build and r.build.log_tail and r.build.status is not Status.PASS:
         lines += [f"## Build ({r.build.mode})", "", *_code(r.build.log_tail), ""]
     if r.cases:
@@ -78,6 +107,11 @@ def feedback_markdown(r: SubmissionResult, *, score=None, rank: int | None = Non
     if r.hint:
         lines += ["", f"**Hint:** {r.hint}"]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _inline(text: str) -> str:
+    """Text for an inline code span: a backtick cannot end it early."""
+    return text.replace("`", "'")
 
 
 def _hidden_tag(c) -> str:

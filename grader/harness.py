@@ -19,12 +19,15 @@ it call by call over a pipe. It owns everything a call touches and everything th
   after each call returned, are compared whole with the fp32 reference under the precision
   budget.
 - **Who used the GPU.** During the timed calls it lists the processes that hold a CUDA context
-  (NVML): only one process of the submission's may.
+  (NVML): only one process of the submission's may. And it reads NVML's utilization samples
+  (BusyWatch: per process, and for the whole GPU), which tell time the host spent while the GPU
+  sat idle (ranked) from GPU work the subject's profiler did not report (flagged).
 
 The subject's replies are claims: a "done" before the work is done shows in the clocks and the
 poisoned output; the kernels it says it launched are evidence that the trusted side weighs
-(grader/integrity.py). This process makes itself non-dumpable, so a process of the same user
-cannot read or write its memory.
+(grader/integrity.py), once every number in them has been checked (finite, of its type, within
+what this process measured: "what the subject reports, checked"). This process makes itself
+non-dumpable, so a process of the same user cannot read or write its memory.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import argparse
 import ctypes
 import dataclasses
 import json
+import math
 import os
 import random
 import select
@@ -55,7 +59,8 @@ from .reference import attention_plain_fp16, attention_reference
 from .results import LOOP_PARTS, RUN_PHASES, TIME_PHASES
 from .shared_memory import SharedBuffer, create_buffer
 from .text import clean
-from .timing import ProtocolCost, relative_standard_error, summarize
+from .timing import (GpuBusy, GpuSamples, ProtocolCost, gpu_busy, relative_standard_error,
+                     summarize)
 
 # Captured before anything else runs in this process (nothing else does: this is the trusted side).
 _perf_counter = time.perf_counter
@@ -65,6 +70,7 @@ REPLY_LIMIT = 4 << 20    # bytes in one reply line; a longer one is a protocol v
 # Subject.diagnostics): the subject's own clocks, for the overhead figures, never ranked.
 DIAGNOSTICS = ("subject_ms", "subject_gpu_ms", "subject_copy_ms", "t_line", "t_received",
                "t_synced", "t_replied")
+DIAGNOSTIC_LIMIT = 1e12   # beyond any perf_counter reading (s) or time (ms) it holds
 
 
 class SubjectGone(Exception):
@@ -73,6 +79,141 @@ class SubjectGone(Exception):
     def __init__(self, status: str, message: str):
         super().__init__(message)
         self.status, self.message = status, message
+
+
+# ---------------------------------------------------------------- what the subject reports, checked
+#
+# Invariant: nothing the subject reports is kept unchecked. A reply is JSON with no NaN, Infinity
+# or overflowing number (1e999 would parse as inf), and every field the harness reads has its
+# type and its bounds: a count is an integer (never a bool) from 0 to a cap, a time is finite, at
+# least 0 and no longer than the calls it covers took by this process's clock, a size no larger
+# than the device's memory. Anything else is a protocol violation: runtime_error, naming the
+# field and the value. (An infinite GPU time once explained any time at all:
+# integrity._accounting subtracted it from the measured one.) The diagnostics line of a timed
+# call is the one exception: it is only shown, never ranked or judged, so a bad number in it is
+# dropped (Link._set_aside, _diagnostic_ms) rather than failing the call.
+
+
+class _NotFinite(ValueError):
+    """A NaN, an Infinity or a float literal that overflows, in a reply."""
+
+
+def _no_constant(word: str):
+    raise _NotFinite(word)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
+def parse_reply(line: bytes) -> dict:
+    """One reply line as a JSON object with finite numbers only; SubjectGone otherwise. Python's
+    json takes NaN and Infinity, and "1e999" as inf, unless told not to; a 5000-digit integer
+    or 100 000 nested lists raise errors that are not JSONDecodeError."""
+    try:
+        reply = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
+    except _NotFinite as e:
+        try:   # which field: the line again, every float kept as written
+            field = _not_finite_at(json.loads(line, parse_constant=_NotFinite, parse_float=_NotFinite))
+        except (ValueError, RecursionError):
+            field = ""
+        raise _protocol(f"its reply's {field or 'number'} is {clean(str(e), 40)}: not a finite "
+                        f"number") from None
+    except (ValueError, RecursionError):   # JSONDecodeError, UnicodeDecodeError, digit limits
+        raise _protocol("a reply that is not JSON (something wrote to the grader's pipe)") from None
+    if not isinstance(reply, dict):
+        raise _protocol("a reply that is not a JSON object (something wrote to the grader's pipe)")
+    return reply
+
+
+def _not_finite_at(value, path: str = "") -> str:
+    """Where in a reply parsed with every float and constant kept as _NotFinite the first one
+    that is not finite is ('launched[0][2]'); a float that is finite is let pass."""
+    if isinstance(value, _NotFinite):
+        try:
+            return "" if math.isfinite(float(str(value))) else path
+        except ValueError:   # NaN, Infinity and -Infinity are constants float() also reads
+            return path
+    items = (value.items() if isinstance(value, dict) else enumerate(value)
+             if isinstance(value, list) else ())
+    for key, item in items:
+        where = _not_finite_at(item, f"{path}.{key}" if isinstance(key, str) and path
+                               else key if isinstance(key, str) else f"{path}[{key}]")
+        if where:
+            return where
+    return ""
+
+
+def _protocol(what: str) -> SubjectGone:
+    return SubjectGone("runtime_error", f"the subject broke the protocol: {what}")
+
+
+def malformed(field: str, value, why: str) -> SubjectGone:
+    """The protocol violation of a reply whose `field` holds `value`, which it may not (`why`)."""
+    shown = clean(json.dumps(value) if not isinstance(value, str) else repr(value), 120)
+    return _protocol(f"its reply's {field} is {shown}: {why}")
+
+
+def number(value, field: str, *, high: float, integer: bool = False, unit: str = ""):
+    """`value` when it is a number (an integer where `integer`; never a bool), finite and within
+    [0, high]; else a protocol violation naming the field."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise malformed(field, value, f"not {kind}")
+    if isinstance(value, float) and not math.isfinite(value) or not 0 <= value <= high:
+        raise malformed(field, value, f"not {kind} from 0 to {high:.6g}{unit}")
+    return value
+
+
+def launched(raw, field: str, window_ms: float) -> list[list]:
+    """The subject's list of [name, count, GPU µs], checked (number) and its names cleaned. It
+    covers `window_ms` by this process's clock: a call (from the request to its reply), or the
+    timed loop (from "profile on" to the reply to "profile off"), and no kernel runs longer than
+    that, nor launches more often than config.REPORT_LAUNCHES_PER_MS. A claim:
+    grader/integrity.py weighs it."""
+    if not isinstance(raw, list) or len(raw) > config.REPORT_KERNELS:
+        raise malformed(field, raw if not isinstance(raw, list) else f"a list of {len(raw)}",
+                        f"not a list of at most {config.REPORT_KERNELS} [name, count, GPU µs]")
+    launches = config.REPORT_LAUNCH_FLOOR + config.REPORT_LAUNCHES_PER_MS * window_ms
+    longest_us = 1e3 * (window_ms * (1 + config.REPORT_CLOCK_SLACK) + config.REPORT_CLOCK_SLACK_MS)
+    out = []
+    for i, item in enumerate(raw):
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)):
+            raise malformed(f"{field}[{i}]", item, "not a [name, count, GPU µs]")
+        name = clean(item[0], 300).replace("\n", " ")
+        count = number(item[1], f"{field}[{i}] count ({name[:80]})", high=launches, integer=True,
+                       unit=f" (launches in the {window_ms:.1f} ms the report covers)")
+        us = number(item[2], f"{field}[{i}] GPU µs ({name[:80]})", high=longest_us,
+                    unit=f" µs: no kernel runs longer than the {window_ms:.3f} ms, by the "
+                         f"grader's clock, that the report covers")
+        out.append([name, count, float(us)])
+    return out
+
+
+def returned_description(raw) -> dict:
+    """What a call returned, as the subject describes it (subject/loop.py describe): its type's
+    name, and for a tensor its shape (at most 8 dimensions) and dtype; checked."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+        raise malformed("returned", raw, "not a description of what the call returned")
+    if raw["type"] != "Tensor":
+        return dict(type=raw["type"])
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or len(shape) > 8:
+        raise malformed("returned.shape", shape, "not a list of at most 8 sizes")
+    sizes = [number(x, f"returned.shape[{i}]", high=2 ** 40, integer=True) for i, x in enumerate(shape)]
+    if not isinstance(raw.get("dtype"), str):
+        raise malformed("returned.dtype", raw.get("dtype"), "not a dtype's name")
+    return dict(type="Tensor", shape=sizes, dtype=raw["dtype"])
+
+
+def memory_bytes(device: str) -> int:
+    """The most memory a process can have used on `device`: the GPU's, or this machine's."""
+    if device == "cuda":
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def make_non_dumpable() -> None:
@@ -188,29 +329,25 @@ class Link:
         self.awaiting.add(n)
 
     def _set_aside(self, reply: dict) -> bool:
-        if reply.get("event") != "diagnostics" or reply.get("n") not in self.awaiting:
+        """A diagnostics line awaited is kept, its numbers only, each a float of a sane size
+        (the subject's perf_counter readings and ms): it is only shown, so a bad one is dropped."""
+        n = reply.get("n")
+        if reply.get("event") != "diagnostics" or type(n) is not int or n not in self.awaiting:
             return False
-        self.awaiting.discard(reply["n"])
-        self.diagnostics[reply["n"]] = {k: v for k, v in reply.items() if k in DIAGNOSTICS
-                                        and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.awaiting.discard(n)
+        self.diagnostics[n] = {k: float(v) for k, v in reply.items() if k in DIAGNOSTICS
+                               and isinstance(v, (int, float)) and not isinstance(v, bool)
+                               and abs(v) < DIAGNOSTIC_LIMIT}
         return True
 
-    def _parse(self, line: bytes) -> dict:
-        try:
-            reply = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise SubjectGone("runtime_error", "the subject broke the protocol: a reply that is "
-                              "not JSON (something wrote to the grader's pipe)") from None
-        if not isinstance(reply, dict):
-            raise SubjectGone("runtime_error", "the subject broke the protocol: a reply that is "
-                              "not a JSON object (something wrote to the grader's pipe)")
-        return reply
+    @staticmethod
+    def _parse(line: bytes) -> dict:
+        return parse_reply(line)
 
     @staticmethod
     def _in_sequence(reply: dict, expect: int | None) -> dict:
-        if expect is not None and reply.get("n") != expect:
-            raise SubjectGone("runtime_error", "the subject broke the protocol: a reply out of "
-                              "sequence (something wrote to the grader's pipe)")
+        if expect is not None and (type(reply.get("n")) is not int or reply["n"] != expect):
+            raise _protocol("a reply out of sequence (something wrote to the grader's pipe)")
         return reply
 
     def _death(self, what: str) -> str:
@@ -294,6 +431,10 @@ def loaded(link: Link, spec: dict, deadline: float) -> dict | None:
         return _gone_record(gone, link, spec, loading=True)
     if reply.get("event") == "load_error":
         return dict(status="runtime_error", message=_error_text(reply, "while loading"))
+    if reply.get("event") != "ready":
+        return dict(status="runtime_error", message=(
+            f"the subject broke the protocol: it said {clean(json.dumps(reply), 200)} instead of "
+            f"'ready' while loading the submission"))
     return None
 
 
@@ -484,27 +625,19 @@ def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadlin
     try:
         reply = link.receive(deadline, expect=link.send(dict(op="call", shape=list(case.shape),
                                                              profile=True)))
+        elapsed = _perf_counter() - start_s
+        record = call_record(reply, device, elapsed)
     except SubjectGone as gone:
         record = _gone_record(gone, link, spec, loading=False, limit=limit)
-        return record, dict(status="runtime_error",
-                            message=f"not run: the process ended during case {case.id}")
-    elapsed = _perf_counter() - start_s
-    if reply.get("event") == "not_run":   # TileLang compiled, with no GPU to launch on (subject/loop.py)
-        if device != "cuda":
-            return dict(status="not_run", message=clean(reply.get("message"), 1000),
-                        launched=_launched(reply.get("launched"))), None
-        return dict(status="runtime_error", message="the subject claimed there is no GPU to run "
-                    "on, on a GPU"), None
-    if reply.get("event") == "error":
-        record = dict(status="runtime_error", message=_error_text(reply))
-        if not reply.get("context_alive", True):
+        why = ("the subject broke the protocol" if gone.message.startswith("the subject broke")
+               else "the process ended")
+        return record, dict(status="runtime_error", message=f"not run: {why} during case {case.id}")
+    if record["status"] != "pass":
+        if record.pop("context_lost", False):
             return record, dict(status="runtime_error",
                                 message=f"not run: the CUDA context was lost in case {case.id}")
         return record, None
-    returned = reply.get("returned") if isinstance(reply.get("returned"), dict) else {}
-    record = dict(status="pass", message="", elapsed_s=elapsed, launched=_launched(reply.get("launched")),
-                  peak_memory_bytes=_int(reply.get("peak_memory_bytes")))
-    problem = output_problem(returned, case)
+    problem = output_problem(record.pop("returned"), case)
     if problem:
         record["problem"] = problem
     else:
@@ -513,6 +646,32 @@ def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadlin
         saved = o.detach().cpu() if o.is_cuda else o.detach().clone()
         torch.save(saved, out_dir / f"{case.id}.pt")
     return record, None
+
+
+def call_record(reply: dict, device: str, elapsed: float) -> dict:
+    """A "call" reply, checked (every field read: "what the subject reports, checked"), as this
+    case's record: "pass" with what it launched and what it returned (for output_problem), or
+    the error it raised ("context_lost" when its CUDA context is gone), or not_run."""
+    event, window_ms = reply.get("event"), elapsed * 1e3
+    if event == "not_run":   # TileLang compiled, with no GPU to launch on (subject/loop.py)
+        if device == "cuda":
+            return dict(status="runtime_error", message="the subject claimed there is no GPU to "
+                        "run on, on a GPU")
+        return dict(status="not_run", message=clean(reply.get("message"), 1000),
+                    launched=launched(reply.get("launched"), "launched", window_ms))
+    if event == "error":
+        if not isinstance(reply.get("context_alive"), bool):
+            raise malformed("context_alive", reply.get("context_alive"), "not true or false")
+        return dict(status="runtime_error", message=_error_text(reply),
+                    context_lost=not reply["context_alive"])
+    if event != "done":
+        raise malformed("event", event, "not done, error or not_run")
+    return dict(status="pass", message="", elapsed_s=elapsed,
+                launched=launched(reply.get("launched"), "launched", window_ms),
+                peak_memory_bytes=number(reply.get("peak_memory_bytes"), "peak_memory_bytes",
+                                         high=memory_bytes(device), integer=True,
+                                         unit=" bytes, the device's memory"),
+                returned=returned_description(reply.get("returned")))
 
 
 def output_problem(returned: dict, case: Case) -> str:
@@ -526,22 +685,6 @@ def output_problem(returned: dict, case: Case) -> str:
     if returned.get("dtype") != "float16":
         return f"output dtype is torch.{clean(returned.get('dtype'), 40)}, expected torch.float16"
     return ""
-
-
-def _int(value) -> int:
-    return value if isinstance(value, int) and value >= 0 else 0
-
-
-def _launched(raw) -> list[list]:
-    """The subject's list of [name, count, gpu µs], made safe to keep (names cleaned, numbers
-    checked). A claim: grader/integrity.py weighs it."""
-    out = []
-    for item in raw if isinstance(raw, list) else []:
-        if not (isinstance(item, list) and len(item) >= 2):
-            continue
-        us = item[2] if len(item) > 2 and isinstance(item[2], (int, float)) and item[2] >= 0 else 0.0
-        out.append([clean(str(item[0]), 300).replace("\n", " "), _int(item[1]), float(us)])
-    return out[:200]
 
 
 # ---------------------------------------------------------------- time: the largest case
@@ -569,6 +712,131 @@ def gpu_context_pids() -> set[int] | None:
         return {int(x) for x in out.split() if x.strip().isdigit()}
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
+
+
+def read_gpu_samples(since_us: int) -> GpuSamples:
+    """NVML's utilization samples of this process's GPU taken after `since_us` (µs on the host's
+    wall clock): the whole GPU's (NVML_GPU_UTILIZATION_SAMPLES) and each process's
+    (nvmlDeviceGetProcessUtilization, by host pid). The one place that reads them: BusyWatch
+    calls it, and a test or another source replaces it. Never raises: what it cannot read, it
+    says why."""
+    try:
+        import pynvml
+    except ImportError:
+        return GpuSamples(why="pynvml (the nvidia-ml-py package) is not installed")
+    try:
+        handle = _nvml_handle(pynvml)
+    except Exception as e:   # pynvml.NVMLError and its kin, no GPU, no driver
+        return GpuSamples(why=f"NVML cannot be read here ({clean(str(e), 200)})")
+    device, device_why = _nvml_read(lambda: _nvml_device_samples(pynvml, handle, since_us), pynvml)
+    processes, process_why = _nvml_read(
+        lambda: tuple((int(p.timeStamp), int(p.pid), float(p.smUtil))
+                      for p in pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)), pynvml)
+    return GpuSamples(device=device, processes=processes,
+                      why="; ".join(w for w in (device_why, process_why) if w))
+
+
+_NVML: dict = {}   # the handle of this process's GPU, found once
+
+
+def _nvml_handle(pynvml):
+    """NVML's handle of the GPU this process uses: NVML numbers GPUs its own way (it ignores
+    CUDA_VISIBLE_DEVICES), so the GPU is found by its UUID."""
+    if "handle" not in _NVML:
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device")
+        pynvml.nvmlInit()
+        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+        if uuid is not None:
+            _NVML["handle"] = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        elif pynvml.nvmlDeviceGetCount() == 1:
+            _NVML["handle"] = pynvml.nvmlDeviceGetHandleByIndex(0)
+        else:
+            raise RuntimeError("this torch does not say which of NVML's GPUs is this process's")
+    return _NVML["handle"]
+
+
+def _nvml_read(read, pynvml) -> tuple[tuple | None, str]:
+    """(what `read` returned, '') or (None, why); NVML's "not found" (no sample since the time
+    asked for) is no samples, not a failure."""
+    try:
+        return read(), ""
+    except Exception as e:
+        # pynvml raises NVMLError(NVML_SUCCESS) when a first call finds no sample to size for
+        if getattr(e, "value", None) in (0, getattr(pynvml, "NVML_ERROR_NOT_FOUND", 6)):
+            return (), ""
+        return None, f"NVML: {clean(str(e), 200)}"
+
+
+# pynvml's c_nvmlValue_t member for each nvmlValueType_t
+_NVML_VALUE = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _nvml_device_samples(pynvml, handle, since_us: int) -> tuple[tuple[int, float], ...]:
+    kind, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, since_us)
+    member = _NVML_VALUE[kind] if 0 <= kind < len(_NVML_VALUE) else "uiVal"
+    return tuple((int(x.timeStamp), float(getattr(x.sampleValue, member))) for x in samples)
+
+
+def _wall_us() -> int:
+    """Now on the clock NVML stamps its samples with: the host's wall clock, in µs."""
+    return int(time.time() * 1e6)
+
+
+class BusyWatch:
+    """How busy NVML saw the GPU during the timed loop, and for whom (timing.gpu_busy): its
+    samples taken up between calls at least every config.TIMING_NVML_READ_S, and after the loop,
+    with the subject's host pids as they were then. NVML keeps 14 s of whole-GPU samples (one
+    per 200 ms on an H100) but only each process's newest: read every 0.5 s, 3 of 5 per-process
+    samples were lost and the subject's busy share read 40% for 99%; read every 0.15 s, every
+    one arrived and agreed with the whole GPU's within a point (notes/gpu_runs.md, session 19).
+
+    Invariant: what tells host time from hidden GPU work is observed here, outside the subject.
+    The subject can fake its own account of itself (a CUDA event synchronized with blocking=True
+    sleeps while hidden GPU work runs); NVML's samples, read by this process, it cannot."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self.start_us = self.end_us = 0
+        self.device: dict[int, float] = {}
+        self.processes: dict[tuple[int, int], float] = {}
+        self.pids: set[int] = set()
+        self.why: list[str] = []
+        self.read_device = self.read_processes = False   # has any read of each kind worked
+
+    def start(self) -> None:
+        self.start_us = self.last_us = _wall_us()
+
+    def due(self) -> bool:
+        """Whether the next read is due (TIMING_NVML_READ_S since the last)."""
+        return _wall_us() - self.last_us >= config.TIMING_NVML_READ_S * 1e6
+
+    def read(self) -> None:
+        """The samples since the last look (from the older of the two kinds' newest, so that
+        neither misses one stamped before the other's newest), and the subject's processes now."""
+        self.last_us = _wall_us()
+        self.pids |= set(self.link.processes())
+        got = read_gpu_samples(min(max([self.start_us, *self.device]),
+                                   max([self.start_us, *(t for t, _ in self.processes)])))
+        if got.why and got.why not in self.why:
+            self.why.append(got.why)
+        self.read_device |= got.device is not None
+        self.read_processes |= got.processes is not None
+        for t, percent in got.device or ():
+            if 0 <= percent <= 100:
+                self.device[t] = percent
+        for t, pid, percent in got.processes or ():
+            if 0 <= percent <= 100:
+                self.processes[(t, pid)] = percent
+
+    def stop(self, calls: int) -> GpuBusy:
+        """The loop has ended: the last samples, and what they say about it."""
+        self.end_us = _wall_us()
+        self.read()
+        return gpu_busy(self.device if self.read_device else None,
+                        self.processes if self.read_processes else None,
+                        start_us=self.start_us, end_us=self.end_us, calls=calls,
+                        subject=self.pids, grader={os.getpid()}, why="; ".join(self.why))
 
 
 class Clock:
@@ -744,7 +1012,7 @@ def open_call(spec: dict, deadline: float,
     link.spin = device == "cuda"   # from here every reply is a timed or calibrated call's
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
     flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
-    return link, Call(link, q, k, v, o, flush, case.shape, device, deadline), None
+    return link, Call(link, q, k, v, o, flush, case.shape, device, deadline, case.qk_std), None
 
 
 def warm_up(link: Link, call: "Call", deadline: float,
@@ -754,6 +1022,7 @@ def warm_up(link: Link, call: "Call", deadline: float,
     number of calls made so far: the first timed call's place in Call.reported()."""
     for i in range(calls):
         if i == calls - 1:
+            call.profiled_from = _perf_counter()   # what the profiler covers starts after this
             link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
         call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
     return len(call.sent)
@@ -788,7 +1057,9 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
         first = warm_up(link, call, deadline)
         ends.append(("warmup", time.monotonic()))
         walls, fences, times, samples, helpers = [], [], [], [], []
+        watch = BusyWatch(link)
         stopped_by, loop_start = "max_reps", _perf_counter()
+        watch.start()
         call.parts = dict.fromkeys(LOOP_PARTS, 0.0)
         while len(walls) < spec.get("max_calls", config.TIMING_MAX_REPS):
             seed = int.from_bytes(_urandom(8), "little") >> 1
@@ -800,10 +1071,12 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
             verify_call(result["verify"], len(walls) - 1, call.snapshot, inputs, case, pick)
             call.parts["verify"] += _perf_counter() - t
             _keep_sample(samples, pick, len(walls) - 1, seed, call.snapshot, config.TIMING_SPOT_SAMPLES)
+            t = _perf_counter()
             if device == "cuda" and (len(walls) - 1) % config.TIMING_PROCESS_CHECK_EVERY == 0:
-                t = _perf_counter()
                 helpers.append(gpu_helpers(link))
-                call.parts["helpers"] += _perf_counter() - t
+            if watch.due():
+                watch.read()
+            call.parts["helpers"] += _perf_counter() - t
             del inputs
             if len(times) >= config.TIMING_MIN_REPS and relative_standard_error(times) < config.TIMING_TARGET_RSE:
                 stopped_by = "rse"
@@ -814,9 +1087,14 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
             if _perf_counter() - loop_start > spec["budget_s"] and len(times) >= 2:
                 stopped_by = "budget"
                 break
+        t = _perf_counter()
+        busy = watch.stop(calls=len(walls))
+        call.parts["helpers"] += _perf_counter() - t
         ends.append(("loop", time.monotonic()))
         call.parts["rest"] = (_perf_counter() - loop_start) - sum(call.parts.values())
         report = link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
+        kernels = launched(report.get("kernels"), "kernels",
+                           (_perf_counter() - call.profiled_from) * 1e3)
     except SubjectGone as gone:
         record = _gone_record(gone, link, spec, loading=False,
                               limit=f"{spec['deadline_s']:.0f} s, the limit for timing")
@@ -837,7 +1115,7 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
                       subject_host_ms=_median_of([r["host"] for r in reported]),
                       subject_copy_ms=_median_of([r["copy"] for r in reported]),
                       pipe_ms=_median_of([r["pipes"] for r in reported]),
-                      launched=tuple(tuple(x) for x in _launched(report.get("kernels"))),
+                      launched=tuple(tuple(x) for x in kernels),
                       profiled_calls=len(walls) + 1)
     ends.append(("report", time.monotonic()))
     spots = check_samples(samples, case, spec, pick)
@@ -846,6 +1124,7 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
                   loop_s={k: round(v, 4) for k, v in call.parts.items()}, times_ms=times,
                   calls=[[max(w, f), r["events"]] for w, f, r in zip(walls, fences, reported)],
                   helpers=[h for h in helpers if h], gpu_processes_seen=any(h is not None for h in helpers),
+                  gpu_busy=busy.to_dict(),
                   output=link.output())
     return result
 
@@ -872,11 +1151,14 @@ class Call:
     """One timed call: fresh inputs from `seed` (this process keeps its own copy), L2 flushed,
     O poisoned, the device idle; then go, the reply, and the clocks."""
 
-    def __init__(self, link: Link, q, k, v, o, flush, shape, device: str, deadline: float):
+    def __init__(self, link: Link, q, k, v, o, flush, shape, device: str, deadline: float,
+                 qk_std: float = 1.0):
         self.link, self.q, self.k, self.v, self.o = link, q, k, v, o
         self.flush, self.shape, self.device, self.deadline = flush, shape, device, deadline
+        self.qk_std = qk_std   # the case's spread of Q and K (cases.Case.qk_std)
         self.sent: list[tuple[int, float, float]] = []   # (request number, go, reply) per call
         self.parts = dict.fromkeys(LOOP_PARTS, 0.0)   # seconds in each part (results.LOOP_PARTS)
+        self.profiled_from = _perf_counter()   # when "profile on" was sent (warm_up)
 
     def run(self, seed: int) -> tuple[Clock, tuple[torch.Tensor, ...]]:
         began = _perf_counter()
@@ -885,7 +1167,7 @@ class Call:
         # and launches (grader/subject/loop.py). Nothing is waited for here but the reply to
         # "go": a subject slow to take up "arm" is slow inside the clock.
         self.link.send(dict(op="arm", shape=list(self.shape)))
-        inputs = make_random_inputs(self.shape, seed=seed, device=self.device)
+        inputs = make_random_inputs(self.shape, seed=seed, device=self.device, qk_std=self.qk_std)
         for dst, src in zip((self.q, self.k, self.v), inputs):
             dst.copy_(src)
         self.o.fill_(float("nan"))
@@ -900,6 +1182,8 @@ class Call:
         clock.returned()
         if reply.get("event") == "error":
             raise SubjectGone("runtime_error", "a timed call raised " + _error_text(reply))
+        if reply.get("event") != "done":
+            raise malformed("event", reply.get("event"), "not done or error")
         # Read O now: this process's first GPU work after the reply, right behind the fence event.
         self.snapshot = self.o.clone()
         synchronize(self.device)
@@ -1039,7 +1323,8 @@ def check_samples(samples: list, case: Case, spec: dict, pick: random.Random,
     results = []
     for call, seed, got in samples:
         sample = pick_slices(pick, case, heads)
-        q, k, v = (slices(t, sample) for t in make_random_inputs(case.shape, seed=seed, device=got.device))
+        q, k, v = (slices(t, sample) for t in make_random_inputs(case.shape, seed=seed, device=got.device,
+                                                                  qk_std=case.qk_std))
         finding = compare_outputs(slices(got, sample), attention_reference(q, k, v),
                                   rtol=case.rtol or config.RTOL, atol=case.atol or config.ATOL,
                                   plain=attention_plain_fp16(q, k, v), **spec["precision"])

@@ -441,6 +441,9 @@ def hint_for(build: BuildResult | None, cases: list[CaseResult], source: str | N
     if build is not None and build.status is Status.ENVIRONMENT_ERROR:
         return ("Nothing to change in your code: the grading machine lacked something it should "
                 "have. Your submission will be graded again once the machine is fixed.")
+    if build is not None and build.status is Status.BUILD_ERROR and build.mode == "none":
+        return ("Nothing was compiled or run: fix what the message above names in your folder "
+                "(its files, their names, or what the folder may not hold), then submit again.")
     if build is not None and build.status is Status.BUILD_ERROR:
         m = re.search(r"submission\.(cu|py):(\d+)", build.log_tail or "")
         where = f" at line {m.group(2)} of submission.{m.group(1)}" if m else ""

@@ -13,12 +13,16 @@
 
 Every entry that is not graded is a `Skipped(entry, reason)`; a student whose archive breaks a rule
 (a path out of the folder, a link, too big, too many files, a zip bomb) gets an INVALID submission
-whose problem says which rule, so their row says it. Nothing here raises for one entry's fault.
+whose problem says which rule, so their row says it, and so does a student whose folder holds a
+named pipe, a socket, a device or a link out of it (submission.unsafe_entries). Nothing here raises
+for one entry's fault, and nothing here blocks: what intake opens of a drop it opens only as a
+regular file, without blocking (submission.open_regular).
 """
 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import dataclasses
 import errno
 import gzip
@@ -35,11 +39,13 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from . import config
-from .submission import CUDA_FILE, PYTHON_FILE, Kind, Submission, inspect_folder
+from .submission import (CUDA_FILE, PYTHON_FILE, Kind, NotRegular, Submission, inspect_folder,
+                         kind_of, open_regular, read_regular, refusal, unsafe_entries)
 
 ARCHIVES = (".zip", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")
 UNSUPPORTED = (".rar", ".7z", ".gz", ".bz2", ".xz", ".zst", ".tar.zst", ".cab", ".lz", ".lzma")
 METADATA = "submission_metadata.yml"       # Gradescope's export
+METADATA_BYTES = 64 << 20                   # about 100 kB per thousand students: ample
 JUNK = ("__MACOSX",)                        # macOS's resource forks in a zip
 # Canvas: {name}[_LATE]_{user id}_{attachment id}_{original file name}; a re-upload of one name
 # becomes "submission-1.cu".
@@ -241,9 +247,14 @@ def student_folder(folder: Path, sid: str, scratch: Path, limits: config.Archive
                    archive_inside: bool = True) -> Submission | Skipped:
     """A student's folder: the submission at its top, one level down (`hw4/submission.cu`), or
     in the one archive it holds. A folder with no file at all is skipped; one with files but no
-    submission is an INVALID submission (the student's row says what was found)."""
+    submission is an INVALID submission (the student's row says what was found). The whole
+    folder is checked first (submission.unsafe_entries): a pipe, socket or device anywhere in it,
+    or a link out of it (to another student's archive), refuses it before anything is read."""
     if _has_submission(folder):
         return inspect_folder(folder, id=sid)
+    unsafe = unsafe_entries(folder)
+    if unsafe:
+        return Submission(sid, folder.absolute(), Kind.INVALID, problem=refusal(unsafe))
     visible = [p for p in sorted(folder.iterdir()) if not p.name.startswith(".") and p.name not in JUNK]
     if not visible:
         return Skipped(folder.name, "an empty folder")
@@ -309,10 +320,18 @@ def canvas_student(sid: str, files: list[tuple[int, str, Path]], scratch: Path,
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for _, name, path in chosen:
-        if path.stat().st_size > limits.max_bytes:
-            skipped.append(Skipped(path.name, f"larger than {limits.max_bytes >> 20} MiB: not copied"))
+        try:   # never blocks: a regular file or nothing (the drop's own links are followed)
+            data = read_regular(path, limits.max_bytes, follow_links=True)
+        except NotRegular as e:
+            skipped.append(Skipped(path.name, f"{e.what}: not copied"))
             continue
-        shutil.copyfile(path, dest / name)
+        except OSError as e:
+            if e.errno in MACHINE_ERRNOS:
+                raise
+            why = f"larger than {limits.max_bytes >> 20} MiB" if e.errno == errno.EFBIG else e.strerror
+            skipped.append(Skipped(path.name, f"{why}: not copied"))
+            continue
+        (dest / name).write_bytes(data)
         os.chmod(dest / name, 0o644)
     return inspect_folder(dest, id=sid), skipped
 
@@ -350,8 +369,8 @@ class MetadataError(ValueError):
 
 def gradescope_submitters(path: Path) -> dict[str, list[dict]]:
     """{'submission_123': [{'name', 'sid', 'email'}, ...]} from Gradescope's export metadata."""
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
+    try:   # a regular file, read without blocking, at most METADATA_BYTES
+        text = read_regular(path, METADATA_BYTES, follow_links=True).decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise MetadataError(f"not UTF-8 (byte {e.start})") from None
     data = parse_yaml(text)
@@ -489,28 +508,35 @@ def unpack(archive: Path, dest: Path, limits: config.ArchiveLimits) -> None:
     and keep nothing. Rules: every member a plain file or folder (no links, devices or pipes), no
     absolute path or '..', at most `limits.max_files` members and `limits.max_bytes` unpacked
     (counted as written, whatever the headers say), and no more than `limits.max_ratio` times the
-    archive's size. Files are written 0644, folders 0755."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    budget = _Budget(limits, max(1, archive.stat().st_size))
+    archive's size. Files are written 0644, folders 0755. The archive itself is opened only if it
+    is a regular file, without blocking (submission.open_regular): a named pipe put where an
+    archive was is refused, never read."""
     try:
-        if archive.name.lower().endswith(".zip"):
-            _unpack_zip(archive, dest, budget)
-        else:
-            _unpack_tar(archive, dest, budget)
-    except ArchiveRejected:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
-    except OSError as e:
-        shutil.rmtree(dest, ignore_errors=True)
-        if e.errno in MACHINE_ERRNOS:   # the grading machine's disk or limits, not the student's
+        fd, st = open_regular(archive, follow_links=True)   # a drop's own links are followed
+    except NotRegular as e:
+        raise ArchiveRejected(f"is {e.what}; remove it") from None
+    with os.fdopen(fd, "rb") as raw:
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        budget = _Budget(limits, max(1, st.st_size))
+        try:
+            if archive.name.lower().endswith(".zip"):
+                _unpack_zip(raw, dest, budget)
+            else:
+                _unpack_tar(archive.name, raw, dest, budget)
+        except ArchiveRejected:
+            shutil.rmtree(dest, ignore_errors=True)
             raise
-        raise ArchiveRejected(f"cannot be unpacked ({type(e).__name__}: {e})") from None
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError,
-            ValueError, NotImplementedError, RuntimeError) as e:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise ArchiveRejected(f"cannot be unpacked ({type(e).__name__}: {e})") from None
+        except OSError as e:
+            shutil.rmtree(dest, ignore_errors=True)
+            if e.errno in MACHINE_ERRNOS:   # the grading machine's disk or limits, not the student's
+                raise
+            raise ArchiveRejected(f"cannot be unpacked ({type(e).__name__}: {e})") from None
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError,
+                ValueError, NotImplementedError, RuntimeError) as e:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise ArchiveRejected(f"cannot be unpacked ({type(e).__name__}: {e})") from None
 
 
 class _Budget:
@@ -566,8 +592,8 @@ def _write(target: Path, stream, budget: _Budget) -> None:
     os.chmod(target, 0o644)
 
 
-def _unpack_zip(archive: Path, dest: Path, budget: _Budget) -> None:
-    with zipfile.ZipFile(archive) as zf:
+def _unpack_zip(archive, dest: Path, budget: _Budget) -> None:
+    with zipfile.ZipFile(archive) as zf:   # `archive`: the open file
         infos = zf.infolist()
         if len(infos) > budget.limits.max_files:
             raise ArchiveRejected(f"holds more than {budget.limits.max_files} files (the limit; "
@@ -577,7 +603,7 @@ def _unpack_zip(archive: Path, dest: Path, budget: _Budget) -> None:
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
                 raise ArchiveRejected(f"holds a symbolic link ({info.filename!r}); a submission "
-                                      f"is plain files")
+                                      f"is plain files: remove it")
             if info.flag_bits & 0x1:
                 raise ArchiveRejected(f"is encrypted ({info.filename!r}); upload it without a password")
             target = _safe_path(dest, info.filename)
@@ -588,7 +614,8 @@ def _unpack_zip(archive: Path, dest: Path, budget: _Budget) -> None:
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             if mode and not (stat.S_ISREG(mode) or stat.S_IFMT(mode) == 0):
-                raise ArchiveRejected(f"holds {info.filename!r}, which is not a plain file")
+                raise ArchiveRejected(f"holds {info.filename!r}, {kind_of(mode)}, not a plain "
+                                      f"file: remove it")
             with zf.open(info) as stream:
                 _write(target, stream, budget)
     _fix_folder_modes(dest)
@@ -608,19 +635,20 @@ class _CountingReader:
         return data
 
 
-def _unpack_tar(archive: Path, dest: Path, budget: _Budget) -> None:
-    name = archive.name.lower()
+def _unpack_tar(name: str, archive, dest: Path, budget: _Budget) -> None:
+    """`archive`: the open file of the archive called `name`."""
+    name = name.lower()
     opener = (gzip.open if name.endswith((".gz", ".tgz")) else bz2.open if name.endswith(".bz2")
-              else lzma.open if name.endswith(".xz") else open)
-    with opener(archive, "rb") as raw:
+              else lzma.open if name.endswith(".xz") else contextlib.nullcontext)
+    with opener(archive) as raw:
         with tarfile.open(fileobj=_CountingReader(raw, budget), mode="r|") as tf:
             for member in tf:
                 if member.issym() or member.islnk():
                     raise ArchiveRejected(f"holds a link ({member.name!r} -> {member.linkname!r}); "
-                                          f"a submission is plain files")
+                                          f"a submission is plain files: remove it")
                 if not (member.isreg() or member.isdir()):
-                    raise ArchiveRejected(f"holds {member.name!r}, which is not a plain file "
-                                          f"(a device or a pipe)")
+                    raise ArchiveRejected(f"holds {member.name!r}, {_tar_kind(member)}, not a "
+                                          f"plain file: remove it")
                 target = _safe_path(dest, member.name)
                 if hasattr(tarfile, "data_filter"):   # the standard library's own rules, too
                     try:
@@ -636,6 +664,11 @@ def _unpack_tar(archive: Path, dest: Path, budget: _Budget) -> None:
                 stream = tf.extractfile(member)
                 _write(target, stream, budget)
     _fix_folder_modes(dest)
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    return ("a named pipe (FIFO)" if member.isfifo() else "a character device" if member.ischr()
+            else "a block device" if member.isblk() else f"a member of type {member.type!r}")
 
 
 def _fix_folder_modes(dest: Path) -> None:

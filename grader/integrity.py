@@ -17,6 +17,7 @@ import dataclasses
 import re
 
 from .submission import split_sources
+from .timing import GpuBusy
 
 # Kernels from PyTorch and vendor libraries: namespaces and name prefixes that a submission's own
 # __global__ function or @triton.jit function does not have.
@@ -97,27 +98,48 @@ class KernelNames(set):
     cpp: frozenset = frozenset()
 
 
-# Decorator lines, then a def: a Python kernel when one of them is a JIT (@triton.jit, @jit,
-# under @triton.autotune and the like).
-_DECORATED_DEF = re.compile(r"((?:^[ \t]*@[^\n]*\n)+)[ \t]*def\s+(\w+)\s*\(", re.MULTILINE)
 _CPP_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
-def own_kernel_names(source: str) -> KernelNames:
-    """Names the submission defines as kernels, file by file (read_sources' text): the __global__
-    functions of its C++ (comments left out), its Triton kernels (functions under a JIT decorator,
-    or passed to triton.jit) and, for each TileLang @T.prim_func, the kernel TileLang generates
-    from it (`attention` -> `attention_kernel`). A plain Python function is no kernel: naming one
-    after a library's kernel does not make that kernel the submission's."""
-    python, cpp = set(), set()
-    for path, text in split_sources(source).items():
-        if not path.endswith(".py"):   # C++ (or, without file marks, either)
-            cpp |= _cpp_kernels(_CPP_COMMENT.sub(" ", text))
-        if path.endswith(".py") or not path:
-            python |= _python_kernels(text)
-    names = KernelNames(python | cpp)
-    names.cpp = frozenset(cpp)
+def own_kernel_names(source: str, *, cpp=None) -> KernelNames:
+    """Names the submission defines as kernels. Its Python's, from the parsed files of
+    read_sources' text (grader/allowlist.py, python_kernel_names: functions under triton.jit,
+    and TileLang's `<prim_func>_kernel`s; a plain function, a comment or a string names none).
+    Its C++'s are `cpp`: the kernels the object compiled from its translation unit defines
+    (build.BuildResult.kernels, demangled), so that a header nothing compiles adds nothing; a
+    Python submission passes cpp=() (nothing of it is compiled C++). Only where no object
+    exists (cpp=None: a compile that never ran, a test) are C++ names read from the text of
+    its C++ files, comments left out."""
+    from .allowlist import python_kernel_names   # allowlist -> reach -> integrity
+    files = split_sources(source)
+    python = python_kernel_names({p: t for p, t in files.items() if p.endswith(".py") or not p})
+    if cpp is None:
+        cpp_names = set()
+        for path, text in files.items():
+            if not path.endswith(".py"):   # C++ (or, without file marks, either)
+                cpp_names |= _cpp_kernels(_CPP_COMMENT.sub(" ", text))
+    else:
+        cpp_names = {kernel_base_name(name)[1] for name in cpp}
+    names = KernelNames(python | cpp_names)
+    names.cpp = frozenset(cpp_names)
     return names
+
+
+def cpp_kernel_names(obj) -> frozenset[str]:
+    """The kernels a C++ submission defines, by name as classify_launched compares them (the
+    unqualified name, 'attention_kernel1'): the __global__ functions of the object compiled from
+    its translation unit (reach.defined_kernels of build.STUDENT_OBJECT), never names found in
+    text. A header that nothing compiles adds nothing, so declaring PyTorch's
+    softmax_warp_forward in a .cuh claims nothing (tests/adversarial/uncompiled_header_py);
+    library kernel sources compiled in are the reach audit's (reach.cpp_includes)."""
+    from .reach import defined_kernels
+    return kernel_base_names(defined_kernels(obj))
+
+
+def kernel_base_names(kernels) -> frozenset[str]:
+    """The unqualified names of demangled kernels (BuildResult.kernels, a build's record of what
+    its object defines): 'void attention_kernel1<64>(__half const*, ...)' -> 'attention_kernel1'."""
+    return frozenset(kernel_base_name(k)[1] for k in kernels)
 
 
 def _cpp_kernels(source: str) -> set[str]:
@@ -132,17 +154,6 @@ def _cpp_kernels(source: str) -> set[str]:
         first_call = re.search(r"(\w+)\s*\(", declaration)
         if first_call:
             names.add(first_call.group(1))
-    return names
-
-
-def _python_kernels(source: str) -> set[str]:
-    decorated = _DECORATED_DEF.findall(source)
-    names = {name for decorators, name in decorated if re.search(r"\bjit\b", decorators)}
-    names |= set(re.findall(r"\bjit\s*\(\s*(\w+)\s*[,)]", source))   # triton.jit(f)
-    # TileLang names the kernel it generates from a @T.prim_func after it: `<name>_kernel`.
-    names |= {f"{name}_kernel" for decorators, name in decorated
-              if re.search(r"\bprim_func\b", decorators)}
-    names |= {f"{name}_kernel" for name in re.findall(r"\bprim_func\s*\(\s*(\w+)\s*\)", source)}
     return names
 
 
@@ -243,6 +254,21 @@ def tampering_lines(source: str, limit: int = 5) -> list[str]:
 # calibrated cost and the kernels seen, which makes the check that much more lenient.)
 ACCOUNT_FLOOR_MS = 0.3
 ACCOUNT_FRACTION = 0.05
+# Time left unexplained is then told apart by how busy NVML, read by the harness, saw the GPU
+# during the loop (timing.GpuBusy): GPU work beyond the kernels seen is hidden work (flagged);
+# none, with no other process on the GPU, means the host worked while the GPU sat idle (ranked as
+# time). NVML's samples are taken this share of the loop's time per call apart from the truth
+# at most (bench/nvml_probe.py measures it); within it, the grader cannot tell (review).
+BUSY_MARGIN = 0.02
+# GPU work beyond the kernels seen is told from host time against this share of the unexplained
+# time (or the allowance, if larger): below it the unexplained time was mostly the host's, above
+# it mostly the GPU's. A submission's process keeps the GPU busy a little beyond what its profiler
+# lists: slow_host_py, 20 ms of Python before each launch of a 20.5 ms kernel, was seen busy
+# 22.6 ms per call on an H100 (session 19), 2.0 +- 1.2 ms beyond, against 27.9 ms unexplained and
+# an allowance of 2.7 ms. Hidden work can do no more than this share of the unexplained time, so a
+# call that hides a library's work in it is at least 1 / HIDDEN_SHARE times that work, and ranks
+# no faster than doing it openly would.
+HIDDEN_SHARE = 0.25
 # The reply may not come before the call's GPU work is done (the subject synchronizes first): the
 # harness's GPU clock may trail its host clock by at most this (its own event's latency).
 FENCE_GAP_MS = 0.2
@@ -254,9 +280,15 @@ PEAK_MARGIN = 1.25
 
 @dataclasses.dataclass(frozen=True)
 class TimingFinding:
-    status: str        # 'flagged' or 'mismatch'
+    """One thing the timed calls showed. status: 'flagged' (something other than the
+    submission's kernels did the work: the message says what, as far as the grader knows),
+    'mismatch', 'review' (the grader cannot tell: not ranked until an instructor looks; not a
+    cheating verdict) or 'pass' (the time stands and is ranked; `note` says what is unusual in it,
+    for the submission's page)."""
+    status: str
     message: str
     impossible_time: bool = False   # the median itself cannot be real: no page may show it
+    note: str = ""
 
 
 def explained_ms(launched, own: set[str], *, library_allowed: bool = False) -> float:
@@ -272,16 +304,17 @@ def explained_ms(launched, own: set[str], *, library_allowed: bool = False) -> f
 
 def timing_findings(record: dict, stats, own: set[str], *, flops: int, peak_tflops: float,
                     library_allowed: bool = False) -> list[TimingFinding]:
-    """What the harness saw during the timed calls, judged: every finding that stops the
-    submission from ranking, worst first."""
+    """What the harness saw during the timed calls, judged: every finding, worst first; a
+    finding of status 'pass' (host time, with its note) lets the time rank."""
     findings = []
     verify = record.get("verify", {})
     if verify.get("wrong"):
         findings.append(TimingFinding("flagged", (
             f"timed call {verify['first_wrong_call'] + 1} returned a wrong output ({verify['wrong']} "
-            f"of {verify['checked']} timed calls, each checked when its reply came): "
-            f"outputs cached or replayed across calls, computed later (lazily), or still being "
-            f"written when the call returned.\n{verify.get('first_wrong', '')}")))
+            f"of {verify['checked']} timed calls, each checked by the grader when its reply came): "
+            f"the output was not computed from that call's inputs during the call: cached or "
+            f"replayed from another call, computed later (lazily), or still being written when "
+            f"the call returned.\n{verify.get('first_wrong', '')}")))
     for spot in record.get("spots", []):
         from .compare import Finding
         finding = Finding.from_dict(spot["finding"])
@@ -293,49 +326,139 @@ def timing_findings(record: dict, stats, own: set[str], *, flops: int, peak_tflo
         else:
             slices = f" on {spot['slices']} of its (batch, head) slices" if spot.get("slices") else ""
             findings.append(TimingFinding("flagged", f"timed call {spot['call'] + 1}, checked "
-                                          f"with the fp32 reference{slices}, is wrong:\n"
+                                          f"with the fp32 reference{slices}, is wrong: its output "
+                                          f"was not computed from that call's inputs.\n"
                                           f"{finding.summary()}"))
         break
     helpers = [h for h in record.get("helpers", []) if h.get("pids")]
     if helpers:
         findings.append(TimingFinding("flagged", (
             f"{len(helpers[0]['pids'])} processes of the submission held a CUDA context during the "
-            f"timed calls (host pids {helpers[0]['pids']}): the work must run in the process the "
-            f"grader calls, not in a helper process.")))
+            f"timed calls (host pids {helpers[0]['pids']}, listed by the grader through NVML): a "
+            f"helper process can do the work the grader times in the process it calls. The work "
+            f"must run in the process the grader calls.")))
     gap = stats.fence_median_ms - stats.wall_median_ms
     if gap > FENCE_GAP_MS + FENCE_GAP_FRACTION * stats.wall_median_ms:
         findings.append(TimingFinding("flagged", (
             f"the call's reply came before its GPU work was done: the grader's GPU clock ran "
             f"{gap:.3f} ms past its host clock (median {stats.fence_median_ms:.3f} against "
-            f"{stats.wall_median_ms:.3f} ms). The grader's loop synchronizes the device before it "
-            f"replies; something bypassed that. The time counted is the later clock.")))
-    findings += _accounting(stats, own, library_allowed)
+            f"{stats.wall_median_ms:.3f} ms): GPU work queued where the grader's loop does not "
+            f"wait for it (another stream or process) was still running after the call said it "
+            f"was done. The grader's loop synchronizes the device before it replies; something "
+            f"bypassed that. The time counted is the later clock.")))
+    findings += _accounting(stats, own, library_allowed, GpuBusy.from_dict(record.get("gpu_busy")))
     if stats.median_ms <= 0:
         findings.append(TimingFinding("flagged", (
             f"a median of {stats.median_ms:.4f} ms, after the protocol's own cost is subtracted, "
-            f"is no time at all: the call cannot have done the work."), impossible_time=True))
+            f"is no time at all: the call cannot have computed its output, which came from "
+            f"somewhere else (a cache, an earlier call)."), impossible_time=True))
     elif peak_tflops and flops / (stats.median_ms * 1e-3) / 1e12 > PEAK_MARGIN * peak_tflops:
         findings.append(TimingFinding("flagged", (
             f"a median of {stats.median_ms:.4f} ms would be {flops / (stats.median_ms * 1e-3) / 1e12:.0f} "
             f"TFLOP/s, above {PEAK_MARGIN:g} x this GPU's fp16 matmul rate measured in the same run "
-            f"({peak_tflops:.0f} TFLOP/s): not physically possible, so the time cannot be real."),
+            f"({peak_tflops:.0f} TFLOP/s): not physically possible, so the time cannot be real: "
+            f"the output came from somewhere other than computing it in the call."),
             impossible_time=True))
     return findings
 
 
-def _accounting(stats, own: set[str], library_allowed: bool) -> list[TimingFinding]:
-    if not stats.launched:
-        return [TimingFinding("flagged", "no GPU kernel was observed during the timed calls: the "
-                              "work ran where the grader's profiler cannot see it.")]
+def _accounting(stats, own: set[str], library_allowed: bool, busy: GpuBusy) -> list[TimingFinding]:
+    """The time no kernel the profiler saw explains, and what did the work meanwhile.
+
+    Invariant: time the harness measured beyond the submission's kernels (and the allowance)
+    ranks only when the grader saw the GPU idle then, and is flagged only when it saw the GPU
+    working beyond those kernels. Both are seen by NVML, read by the harness (timing.GpuBusy),
+    never by the subject, which could fake its own CPU and GPU account; what NVML cannot tell
+    apart goes to an instructor (review)."""
     per_call = explained_ms(stats.launched, own, library_allowed=library_allowed) / max(stats.profiled_calls or stats.n, 1)
+    if not stats.launched:
+        return [TimingFinding("flagged", (
+            f"no GPU kernel was observed during the timed calls, not even the copy of the output "
+            f"into the grader's buffer that the grader's own loop makes: the profiler was paused "
+            f"or its report emptied. {_who_worked(busy)}"))]
     measured = (stats.raw_mean_ms - stats.protocol_ms) if stats.raw_mean_ms else stats.mean_ms
     unexplained = measured - per_call
     allowed = ACCOUNT_FLOOR_MS + ACCOUNT_FRACTION * measured
     if unexplained <= allowed:
         return []
-    return [TimingFinding("flagged", (
-        f"GPU time unaccounted for: the grader measured {measured:.3f} ms per timed call, and the "
-        f"kernels the submission wrote (with copies and fills) ran {per_call:.3f} ms of it; "
-        f"{unexplained:.3f} ms is not explained by any kernel the profiler saw (allowed: "
-        f"{allowed:.3f} ms). Work hidden from the profiler, run in another process or in a "
-        f"library does this."))]
+    numbers = (f"the grader measured {measured:.3f} ms per timed call, and the kernels the "
+               f"submission wrote (with copies and fills) ran {per_call:.3f} ms of it by the "
+               f"profiler's account: {unexplained:.3f} ms is not explained by any kernel the "
+               f"profiler saw (allowed: {allowed:.3f} ms)")
+    hidden = _hidden_ms(busy, stats, per_call)
+    if hidden is None:
+        return [TimingFinding("review", (
+            f"time the grader cannot account for: {numbers}, and the grader cannot tell whether "
+            f"the GPU worked then (work hidden from the profiler: not ranked) or sat idle while "
+            f"the host worked (host time: ranked), because {busy.why or 'NVML said nothing'}. An "
+            f"instructor looks at it."))]
+    low, high, margin = hidden
+    bound = max(allowed, HIDDEN_SHARE * unexplained)
+    if low - margin > bound:
+        return [TimingFinding("flagged", (
+            f"GPU time unaccounted for, and GPU work the profiler did not see: {numbers}. "
+            f"{_busy_seen(busy, stats, per_call)} "
+            f"At least {low - margin:.3f} ms per call of GPU work ran that no kernel the profiler "
+            f"listed accounts for: a paused profiler, a library whose kernels were not listed, "
+            f"or another process did that work, not the submission's kernels."))]
+    if high + margin <= bound:
+        note = (f"host time, ranked: {unexplained:.3f} ms of the {measured:.3f} ms per timed call "
+                f"ran on the host while the GPU sat idle. {_busy_seen(busy, stats, per_call)} "
+                f"That is the {per_call:.3f} ms the submission's kernels ran, within "
+                f"{max(high + margin, 0.0):.3f} ms, with no other process on the GPU. Host code "
+                f"between launches (Python, a wait, a sleep) makes every call that much slower.")
+        return [TimingFinding("pass", note, note=note)]
+    return [TimingFinding("review", (
+        f"time the grader cannot account for: {numbers}. {_busy_seen(busy, stats, per_call)} "
+        f"That puts the GPU work no kernel accounts for between {max(low - margin, 0.0):.3f} and "
+        f"{high + margin:.3f} ms per call: up to {bound:.3f} ms it would rank as host time, "
+        f"beyond it the work was hidden from the profiler, and the grader cannot tell which. An "
+        f"instructor looks at it."))]
+
+
+def _hidden_ms(busy: GpuBusy, stats, per_call: float) -> tuple[float, float, float] | None:
+    """(least, most, NVML's margin) GPU ms per call that ran beyond the kernels the profiler saw,
+    or None when NVML cannot say. Per-process samples: the least is the submission's processes'
+    busy time, the most adds that of processes neither the submission's nor the grader's (they
+    could have done its work). The whole GPU's only: the most is the GPU's busy time, at most
+    the calls' own; the least takes off the time between calls, when the grader's own work ran."""
+    if busy.source not in ("process", "device") or not busy.calls:
+        return None
+    loop = busy.window_ms / busy.calls   # the loop's wall time per call: the call and what follows
+    calls = stats.raw_mean_ms or stats.mean_ms   # the calls' own clocks, per call
+    if busy.source == "process":
+        least, most = busy.subject_share * loop, (busy.subject_share + busy.others_share) * loop
+    else:
+        least = max(busy.device_share * loop - max(loop - calls, 0.0), 0.0)
+        most = min(busy.device_share * loop, calls)
+    return least - per_call, most - per_call, BUSY_MARGIN * loop
+
+
+def _busy_seen(busy: GpuBusy, stats, per_call: float) -> str:
+    """What NVML saw, in words, per call."""
+    loop = busy.window_ms / max(busy.calls, 1)
+    period = f"over {busy.periods} of NVML's samples, {busy.period_ms:.0f} ms apart"
+    if busy.source == "process":
+        text = (f"NVML, read by the grader, saw the submission's processes keep the GPU busy "
+                f"{busy.subject_share * loop:.3f} ms per call ({period})")
+        if busy.others_pids:
+            text += (f", and processes that are not the submission's (host pids "
+                     f"{list(busy.others_pids)[:8]}) {busy.others_share * loop:.3f} ms per call")
+        return text + "."
+    return (f"NVML, read by the grader, saw the whole GPU busy {busy.device_share * loop:.3f} ms "
+            f"per call ({period}; its per-process samples were not used: {busy.why}), of which "
+            f"up to {max(loop - (stats.raw_mean_ms or stats.mean_ms), 0.0):.3f} ms between calls "
+            f"may have been the grader's own work.")
+
+
+def _who_worked(busy: GpuBusy) -> str:
+    """For a call with no kernel seen: whether NVML saw its GPU work, in words."""
+    if busy.source != "process":
+        return "Whatever did the work, the grader's profiler was kept from seeing it."
+    loop = busy.window_ms / max(busy.calls, 1)
+    if busy.subject_share * loop > BUSY_MARGIN * loop:
+        return (f"NVML, read by the grader, saw the submission's processes keep the GPU busy "
+                f"{busy.subject_share * loop:.3f} ms per call: that work ran hidden from the "
+                f"profiler.")
+    return ("NVML, read by the grader, saw the submission's processes leave the GPU idle: the "
+            "output was made somewhere the grader does not look (on the host, or another process).")

@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
-from . import config, reach
+from . import allowlist, config, identity, reach
 from .baselines import BASELINES
 from .build import NOT_YOURS, STUDENT_OBJECT, BuildResult, build_submission, machine_load
 from .build_cache import BuildCache
@@ -31,9 +31,9 @@ from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo, device_minor
 from .gate import BuildThrottle, GpuGate, alone, shared
 from .hints import hint_for
-from .integrity import (TimingFinding, classify_launched, own_kernel_names, static_evidence,
-                        tampering_lines, timing_findings)
-from .procs import (Cancelled, CpuSplit, ProcResult, cancel_all, child_env, default_build_jobs,
+from .integrity import (TimingFinding, classify_launched, static_evidence, tampering_lines,
+                        timing_findings)
+from .procs import (Cancelled, CpuSplit, cancel_all, child_env, default_build_jobs,
                     end_processes, gpu_worker, process_tree, run_limited, set_gpu_workers,
                     spawn_capped, split_cpus, started_at, stopping)
 from .progress import Progress
@@ -42,7 +42,7 @@ from .results import GpuRef, SubmissionResult, write_json_atomic, write_result
 from .runs import RunJournal, plan_run, scratch_dir
 from .sandbox import Sandbox, give_to_sandbox
 from .status import Status, worst
-from .submission import Kind, Role, Submission, read_sources
+from .submission import Kind, Role, Submission, read_sources, source_text
 from .text import clean, clean_line
 from .timing import ProtocolCost, TimingStats
 
@@ -242,7 +242,9 @@ def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source:
     clock.waited(waited_s)
     role = "calibration" if ctx.calibration and sub.role is Role.STUDENT else sub.role.value
     base = dict(id=sub.id, label=_label(sub), kind=sub.kind.value, role=role, build=build,
-                source_text=_read_source(sub), stage_s=clock)
+                source_text=_read_source(sub), stage_s=clock,
+                review=() if ctx.calibration else audit_review(sub, build, source),
+                audit_notes=tuple(getattr(build, "audit_notes", ()) or ()))
     if build.status is not Status.PASS:
         return _finish(base, build.status, build.message, cases=[], started=started)
 
@@ -363,11 +365,14 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
     cases = _in_case_order(checked + skipped, ctx.cases)
     if not ctx.sandbox.active:
         notes.append(ctx.sandbox.describe())
-    flagged = launch_findings([(c.case, c.launched) for c in cases], source, ctx)
+    own = identity.own_kernels(source, sub.kind.value, getattr(build, "kernels", None))
+    kernels = _kernels(cases, None, source, sub, build)
+    flagged = launch_findings([(c.case, c.launched) for c in cases], source, own, ctx)
     if flagged and ctx.calibration:
         notes.append(f"calibration run: library calls allowed ({flagged})")
     elif flagged:
-        return _finish(base, Status.FLAGGED, flagged, cases=cases, notes=notes, started=started)
+        return _finish(base, Status.FLAGGED, flagged, cases=cases, notes=notes, started=started,
+                       kernels=kernels)
     timing, timed_case = None, None
     if status is Status.PASS and timed is not None:
         timer = _current(timer, ctx)
@@ -381,41 +386,62 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
             clock.stop()
         if isinstance(timed_run, tuple):
             status, message = timed_run
-            return _finish(base, status, message, cases=cases, notes=notes, started=started)
+            return _finish(base, status, message, cases=cases, notes=notes, started=started,
+                           kernels=kernels)
         timing, timed_case = timed_run.stats, timed.id
+        kernels = _kernels(cases, timing, source, sub, build)
         clock.parts("time", timed_run.record.get("phases_s") or {})
         clock.parts("time.loop", timed_run.record.get("loop_s") or {})
-        problems = judge_timing(timed_run, timed, source, ctx)
+        findings = judge_timing(timed_run, timed, source, own, ctx)
+        notes += [f.note for f in findings if f.note]   # what is unusual in a time that stands
+        problems = [f for f in findings if f.status != Status.PASS.value]
         if problems:
             worst_status = worst(Status(f.status) for f in problems)
             message = "\n".join(f.message for f in problems if f.status == worst_status.value)
             if any(f.impossible_time for f in problems):
                 timing = None   # no page shows an impossible rate
+            if worst_status is Status.REVIEW:   # the timed calls' own reason for a review
+                base = {**base, "review": tuple(base.get("review", ())) + (message,)}
+                message = _verdict(Status.PASS, cases, timing)
+                worst_status = Status.PASS      # identity.with_review makes it `review`
             return _finish(base, worst_status, message, cases=cases, timing=timing,
-                           timed_case=timed_case, notes=notes, started=started)
+                           timed_case=timed_case, notes=notes, started=started, kernels=kernels)
     elif status is Status.PASS:
         notes.append("not timed: no CUDA device")
     return _finish(base, status, _verdict(status, cases, timing), cases=cases,
-                   timing=timing, timed_case=timed_case, notes=notes, started=started)
+                   timing=timing, timed_case=timed_case, notes=notes, started=started,
+                   kernels=kernels)
 
 
-def judge_timing(timed: "TimedRun", case: Case, source: str, ctx: GradeContext) -> list:
+def _kernels(cases: list[CaseResult], timing: TimingStats | None, source: str, sub: Submission,
+             build: BuildResult) -> tuple:
+    """The kernels for the review queue: the timed calls' (with their GPU time), else the
+    largest profiled case's (counts only)."""
+    if timing is not None and timing.launched:
+        launched = timing.launched
+    else:
+        profiled = [c for c in cases if c.launched]
+        launched = [(name, count, 0.0) for name, count in profiled[-1].launched] if profiled else []
+    return identity.kernel_shares(launched, source, sub.kind.value, getattr(build, "kernels", None))
+
+
+def judge_timing(timed: "TimedRun", case: Case, source: str, own, ctx: GradeContext) -> list:
     """Every reason the timed calls cannot rank (trusted observations, then the kernels the
-    subject reported), or [] when the time stands."""
-    own = own_kernel_names(source)
+    subject reported), or [] when the time stands. `own`: the submission's own kernel names
+    (identity.own_kernels)."""
     problems = timing_findings(timed.record, timed.stats, own, flops=case.flops,
                                peak_tflops=ctx.device.matmul_tflops,
                                library_allowed=ctx.calibration)
-    in_loop = launch_findings([(f"{case.id} (timed calls)", timed.stats.launched)], source, ctx)
+    in_loop = launch_findings([(f"{case.id} (timed calls)", timed.stats.launched)], source, own, ctx)
     if in_loop and not ctx.calibration:
         problems.append(TimingFinding("flagged", in_loop))
     return problems
 
 
-def launch_findings(launches: list[tuple[str, tuple]], source: str, ctx: GradeContext) -> str:
+def launch_findings(launches: list[tuple[str, tuple]], source: str, own,
+                    ctx: GradeContext) -> str:
     """The verdict's text when any call, (where, [(name, count)]), ran library kernels or
-    operators, else ''."""
-    own = own_kernel_names(source)
+    operators, else ''. `own`: the submission's own kernel names (identity.own_kernels)."""
     flags = {}
     for where, launched in launches:
         for flag in classify_launched([item[:2] for item in launched], own, gpu=ctx.device.cuda):
@@ -444,29 +470,45 @@ def tampering_verdict(source: str) -> str:
 
 def source_verdict(sub: Submission, source: str) -> str:
     """The flag's text for what the sources alone show, before anything is built or run: the
-    tampering scan, for Python the reach audit of every file, for C++ what it includes
-    (grader/reach.py). '' when there is nothing to flag."""
+    tampering scan and, for Python, the known ways in that the audit of every file finds
+    (grader/allowlist.py). A CUDA build's includes are the compiler's, checked with its object
+    (audit_build). '' when there is nothing to flag."""
     texts = [tampering_verdict(source)]
     if sub.kind is Kind.PYTHON:
-        texts.append(reach.verdict(reach.audit_sources(source, sub.path)))
-    if sub.kind is Kind.CUDA:
-        texts.append(reach.verdict(reach.cpp_includes(source)))
+        texts.append(reach.verdict(list(allowlist.audit_folder(source, sub.path).flagged)))
     return "\n".join(t for t in texts if t)
 
 
-def audit_build(sub: Submission, built: BuildResult, build_dir: Path) -> BuildResult:
-    """A CUDA build that passed, audited before any of its code runs: the imports of the object
-    compiled from the submission's translation unit (grader/reach.py). FLAGGED with the symbols,
-    or an ENVIRONMENT_ERROR when this machine cannot read object files."""
+def audit_review(sub: Submission, build: BuildResult | None, source: str) -> tuple[str, ...]:
+    """What the audit could not account for (identity.with_review makes a pass of such a
+    submission `review`): for Python, the allowlist's findings on its files; for C++, what the
+    audit of its build found (BuildResult.review)."""
+    if sub.role is not Role.STUDENT:
+        return ()
+    if sub.kind is Kind.PYTHON:
+        return identity.python_review(source)
+    return tuple(getattr(build, "review", ()) or ())
+
+
+def audit_build(sub: Submission, built: BuildResult, build_dir: Path, source: str = "") -> BuildResult:
+    """A CUDA build that passed, audited before any of its code runs (grader/reach.py): the
+    imports of the object compiled from the submission's translation unit and the headers the
+    compiler opened (FLAGGED with the symbols or headers), then what an instructor must see
+    (native_review: to review, and notes). ENVIRONMENT_ERROR when this machine cannot read object
+    files. `source`: read_sources' text of its folder (the notes' text part)."""
     if sub.kind is not Kind.CUDA or built.status is not Status.PASS:
         return built
     try:
         findings = reach.native_reach(build_dir / STUDENT_OBJECT)
+        review, notes = reach.native_review(build_dir, source) if not findings else ([], [])
     except (reach.AuditUnavailable, OSError, subprocess.SubprocessError) as e:
         return dataclasses.replace(built, status=Status.ENVIRONMENT_ERROR, message=(
             f"the grading machine cannot audit the build: {e}. {NOT_YOURS}"))
     flagged = reach.verdict(findings)
-    return dataclasses.replace(built, status=Status.FLAGGED, message=flagged) if flagged else built
+    if flagged:
+        return dataclasses.replace(built, status=Status.FLAGGED, message=flagged)
+    return dataclasses.replace(built, review=tuple(f.describe() for f in review),
+                               audit_notes=tuple(notes))
 
 
 def _folder(sub: Submission, build: BuildResult | None) -> list[Path]:
@@ -508,18 +550,19 @@ def jit_env(env: dict, jit: Path) -> dict:
 
 
 def _read_source(sub: Submission) -> str | None:
-    try:
-        return sub.source.read_text(errors="replace") if sub.kind is not Kind.INVALID else None
-    except OSError:
-        return None
+    """The submission's file, for its hint (submission.source_text: never blocks, capped)."""
+    return source_text(sub) if sub.kind is not Kind.INVALID else None
 
 
 def _finish(base: dict, status: Status, message: str, *, cases, started: float,
-            notes=(), timing=None, timed_case=None) -> SubmissionResult:
+            notes=(), timing=None, timed_case=None, kernels=()) -> SubmissionResult:
+    """The result; a passing one that the audit could not account for is `review`
+    (identity.with_review)."""
     base = dict(base)
     source = base.pop("source_text", None)
     base["stage_s"] = base["stage_s"].seconds() if "stage_s" in base else ()
-    return SubmissionResult(**base, status=status, message=clean(message),
+    status, message = identity.with_review(status, message, base.get("review", ()))
+    return SubmissionResult(**base, status=status, message=clean(message), kernels=kernels,
                             hint=hint_for(base["build"], cases, source), cases=tuple(cases),
                             timing=timing, timed_case=timed_case, notes=tuple(clean(n) for n in notes),
                             wall_s=round(time.monotonic() - started, 2), graded_at=now())
@@ -648,7 +691,10 @@ def harness_spec(mode: str, target: dict, ctx: GradeContext, work: Path, *, fold
     cwd = folder[0] if folder else SUBJECT.parent
     spec = dict(mode=mode, device=ctx.device_name, target=target,
                 subject_cmd=ctx.sandbox.wrap([sys.executable, str(SUBJECT)], readonly=folder,
-                                             writable=[jit] if jit else []),
+                                             writable=[jit] if jit else [],
+                                             # a student's code sees no cuDNN engine: a forged
+                                             # report can claim no faster library (issue 30)
+                                             hide_libraries=target.get("kind") in ("cuda", "python")),
                 env=jit_env(ctx.env, jit) if jit else None,
                 cwd=str(cwd), head_bytes=ctx.limits.output_head_bytes,
                 tail_bytes=ctx.limits.output_tail_bytes,
@@ -1487,7 +1533,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
             built = build_submission(sub, build_dir=build_dir, device=ctx.device,
                                      limits=ctx.limits, sandbox=ctx.sandbox, cache=ctx.build_cache,
                                      log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
-        return built if ctx.calibration else audit_build(sub, built, build_dir)
+        return built if ctx.calibration else audit_build(sub, built, build_dir, sources[id(sub)])
 
     for entry in entries:
         if entry.action != "grade":

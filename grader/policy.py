@@ -1,4 +1,5 @@
-"""The grading policy (grading.toml): points per case, performance points, display options."""
+"""The grading policy (grading.toml): points per case, performance points, display options, and
+how many ranked students the review queue holds."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ class Policy:
     pseudonym_salt: str = "change-me-per-course"
     precision_factor: float = config.PRECISION_FACTOR
     precision_floor: float = config.PRECISION_FLOOR
+    # The review queue (grader/review.py) holds, besides every `review` result and every ranked
+    # one at or faster than a library baseline, the `review_top` fastest ranked students.
+    review_top: int = 10
 
     def threshold_ms(self, spec: str | float, baselines: dict[str, float]) -> float | None:
         if isinstance(spec, (int, float)):
@@ -59,6 +63,8 @@ class Policy:
         correctness = sum((self.hidden_case_points if hidden.get(c.case, c.hidden) else
                            self.public_case_points) for c in r.cases if c.status is Status.PASS)
         perf, why = 0.0, "not timed"
+        if r.status is Status.REVIEW:   # its time is real, the work may not be the student's
+            why = "no performance points until an instructor's review clears it"
         slow = self.threshold_ms(self.zero_at, baselines)
         fast = self.threshold_ms(self.full_at, baselines)
         if r.ranked:
@@ -104,8 +110,10 @@ _SCHEMA = {
     "display": {"pseudonyms": ("bool", "true or false"),
                 "hide_solution": ("bool", "true or false"),
                 "pseudonym_salt": ("text", "a non-empty string (change it for each course)")},
+    "review": {"top": ("count", "a whole number >= 0 (the fastest ranked students the review "
+                                "queue holds; 0: none by rank)")},
 }
-_FIELD = {("performance", "points"): "performance_points"}
+_FIELD = {("performance", "points"): "performance_points", ("review", "top"): "review_top"}
 
 
 def load_policy(path: Path = POLICY_FILE, *, required: bool = False) -> Policy:
@@ -185,6 +193,10 @@ def _check(kind: str, value) -> str:
         if not number or not math.isfinite(value):
             return "is not a number"
         return "must be more than 0 ms" if value <= 0 else ""
+    if kind == "count":
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "is not a whole number"
+        return "is too small" if value < 0 else ""
     if kind == "bool":
         return "" if isinstance(value, bool) else "is not true or false"
     if kind == "text":

@@ -65,7 +65,7 @@ def hidden_cases(run_cases: list[dict]) -> tuple[HiddenCase, ...]:
     out = []
     for entry in (c for c in run_cases if c.get("hidden")):
         fields = dict(re.findall(r"(\w+):\s*(-?\d+)", entry.get("line", "")))
-        dims = re.fullmatch(r"b(\d+)_h(\d+)_s(\d+)_d(\d+)", entry["id"])
+        dims = re.fullmatch(r"b(\d+)_h(\d+)_s(\d+)_d(\d+)(?:_qk[\w-]+)?", entry["id"])
         shape = tuple(int(fields[k]) for k in _DIMS) if all(k in fields for k in _DIMS) else \
             tuple(int(x) for x in dims.groups()) if dims else (0, 0, 0, 0)
         seed = int(fields["seed"]) if "seed" in fields else None
@@ -115,7 +115,7 @@ class Redactor:
     def for_run(cls, run: dict, names: dict[str, str] | None = None) -> "Redactor":
         public = []
         for entry in (c for c in run.get("cases", []) if not c.get("hidden")):
-            m = re.fullmatch(r"b(\d+)_h(\d+)_s(\d+)_d(\d+)", entry["id"])
+            m = re.fullmatch(r"b(\d+)_h(\d+)_s(\d+)_d(\d+)(?:_qk[\w-]+)?", entry["id"])
             if m:
                 public.append(tuple(int(x) for x in m.groups()))
         # an id that is also a status word ('pass', 'build_error') names no one: keep the word
@@ -171,10 +171,13 @@ class Redactor:
                       for c in r.cases if hidden_detail or not self.is_hidden(c))
         build = r.build and dataclasses.replace(r.build, artifact=None, message=text(r.build.message),
                                                 log_tail=text(r.build.log_tail))
+        # The audit's findings name lines of the student's own code (grader/review.py): shown,
+        # scrubbed like any text; its notes on unusual constructs are for instructors only.
         return dataclasses.replace(
             r, label=label or r.label, message=self.verdict(r, hidden_detail=hidden_detail),
             hint=text(r.hint), build=build, cases=cases, notes=tuple(text(n) for n in r.notes),
-            timed_case=self.case_name(r.timed_case) if r.timed_case else None)
+            timed_case=self.case_name(r.timed_case) if r.timed_case else None,
+            review=tuple(text(x) for x in r.review), audit_notes=())
 
     def verdict(self, r: SubmissionResult, *, hidden_detail: bool = True) -> str:
         """The one-paragraph verdict; rebuilt from the statuses when it is about a hidden case,

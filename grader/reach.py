@@ -8,14 +8,8 @@ collector, dynamic code), native code loaded behind the grader's back, or, from 
 C API, the dynamic linker and the operating system. Those are the audited ways in.
 
 Invariant. A submission is ranked only if
-  - Python: every .py file of its folder was read (a file read_sources skipped is a finding) and
-    is UTF-8 as Python will read it; parsed with `ast`, never imported, none imports a module
-    outside ALLOWED_IMPORTS or its own files (a local gc.py is not what `import gc` loads); names
-    anything on REACH_NAMES or REACH_PARTS, in code, keywords, match patterns or string
-    annotations (which are code); touches a private attribute; names a dunder outside
-    ALLOWED_DUNDERS (`if __name__ == "__main__":` is fine); uses a module as a value; or follows
-    a path through an allowed module to a module outside them (`enum.bltns` is builtins,
-    resolved in the grader's own import of the library). The subject then imports the folder's
+  - Python: grader/allowlist.py (an allowlist: what it cannot account for goes to review;
+    known ways into the grader's process are flagged). The subject then imports the folder's
     .py sources only (subject/loop.py, SourceOnly).
   - CUDA C++: the object compiled from its translation unit (build.STUDENT_OBJECT, built without
     importing the module, so none of its code has run) imports no symbol on NATIVE_REACH (the
@@ -23,13 +17,17 @@ Invariant. A submission is ranked only if
     loaders, other processes' memory, threads, files, the profiler, cuBLAS, cuDNN, the
     dispatcher), no plain C function outside C_ALLOWED (of the driver: tensor-map encoding
     only, DRIVER_ALLOWED), no PyTorch operator that computes (at::_ops or a backend namespace,
-    outside DATA_OPS), its host code has no system call
-    instruction, and it compiles no library's kernel (library_kernels: CUTLASS's, by the rule
-    integrity.classify_launched applies to what runs; CuTe-templated kernels are the student's).
+    outside DATA_OPS), its host code has no system call instruction, it defines no library's
+    kernel (library_kernels: CUTLASS's, by the rule integrity.classify_launched applies to what
+    runs; CuTe-templated kernels are the student's), and its compile opened no library's kernel
+    source (cpp_includes: the compiler's record of the files it opened, build.HEADERS_RECORD,
+    so every spelling of an include is the file it opens). It goes to review when its object
+    shows what a walk through a library's memory is made of (native_review: a library
+    function's address taken as data, ELF's magic numbers, the loader's headers).
 
-What it cannot see, and says so in README: a gadget chain through some public attribute of torch
-or Triton not on these lists, and machine code that finds functions by walking mapped memory
-itself (no import, no system call). A red team wrote 18 attacks against the first version of this
+What it cannot see, and says so in README: machine code that finds functions by walking mapped
+memory itself with none of those marks (no import, no system call, no ELF magic, starting from
+a vtable or a return address). A red team wrote 18 attacks against the first version of this
 file (13 in Python, 5 in C++, tests/test_reach.py has their shapes); each is flagged now.
 Everything else a submission reports about itself stays a claim the trusted side weighs
 (grader/integrity.py).
@@ -37,124 +35,23 @@ Everything else a submission reports about itself stays a claim the trusted side
 
 from __future__ import annotations
 
-import ast
+import bisect
 import dataclasses
 import functools
-import importlib
+import json
 import os
-import posixpath
 import re
 import shutil
+import struct
 import subprocess
-import sys
-import types
 from pathlib import Path
-
-# Modules a submission.py may import (the top-level package; its own files are allowed too).
-ALLOWED_IMPORTS = frozenset({
-    "torch", "triton", "numpy", "math", "cmath", "typing", "functools", "itertools",
-    "dataclasses", "enum", "collections", "abc", "contextlib", "random", "time", "warnings",
-    "__future__", "tilelang", "cutlass"})
-
-# The allowed modules whose attribute paths the audit follows in its own import of them (trusted
-# libraries, imported here without touching the GPU); tilelang's paths are checked against
-# TILELANG_API below, cutlass's by name only.
-RESOLVED_IMPORTS = frozenset({"torch", "triton", "numpy", "math", "cmath", "typing", "functools",
-                              "itertools", "dataclasses", "enum", "collections", "abc",
-                              "contextlib", "random", "time", "warnings"})
-
-# Names that open a way to the grader's objects or to native code, wherever they appear: a name,
-# an attribute, an imported name or module path, a keyword argument, a match pattern.
-REACH_NAMES = frozenset("""
-sys modules os posix nt gc inspect ctypes ctypeslib cffi importlib import_module builtins bltns
-eval exec compile getattr setattr delattr vars globals locals dir open breakpoint input
-subprocess multiprocessing threading signal atexit weakref pickle marshal shelve copyreg
-mmap fcntl resource socket pty shutil pathlib io runpy code codeop types operator
-attrgetter methodcaller get_type_hints ForwardRef evaluate_forward_ref singledispatch
-singledispatchmethod
-f_back f_globals f_locals f_builtins f_code tb_frame tb_next gi_frame cr_frame ag_frame gi_code
-cudart nvtx package sys_importer hub cpp_extension load_inline load_library
-compile_module_from_src load_binary fromfile from_file memmap frombuffer stride_tricks
-serialization knobs ir_override
-tofile savetxt savez savez_compressed open_memmap SummaryWriter dump
-FileCacheManager get_cache_manager default_cache_dir cache_dir
-weights_only allow_pickle pickle_module CUDAPluggableAllocator XPUPluggableAllocator
-change_current_allocator FunctionEvent EventList overrides library mro share_memory_
-set_trace settrace setprofile
-""".split())
-# ... and any name containing these (the profiler and its event classes, under any name).
-REACH_PARTS = re.compile(r"profil|kineto|cupti", re.IGNORECASE)
-
-# Attribute paths that run code from a file or load native code, resolved through the module
-# aliases a file imports (`import torch as t; t.load(...)` and `from torch import load` are both
-# `torch.load`).
-REACH_PATHS = frozenset({"torch.load", "numpy.load", "torch.jit.load", "torch.ops.load_library"})
-# ... and that write files (with the names tofile, savetxt, savez, open_memmap, SummaryWriter,
-# ndarray.dump, and Triton's cache manager, which also names the JIT cache's folder, above). A kernel writes no file, and a JIT compiler's cache folder (pipeline.jit_cache, $HOME in
-# the sandbox) is where Triton finds the launcher library it loads: bytes written there by the
-# submission would be native code that no audit read (red team, session 8).
-WRITE_PATHS = frozenset({"torch.save", "numpy.save", "torch.jit.save", "torch.export.save",
-                         "torch.onnx.export"})
-
-ALLOWED_DUNDERS = frozenset({
-    "__init__", "__name__", "__call__", "__len__", "__repr__", "__str__", "__eq__", "__hash__",
-    "__post_init__", "__future__", "__all__", "__doc__", "__slots__", "__enter__", "__exit__",
-    "__iter__", "__next__", "__getitem__", "__file__", "__version__"})
-
-# TileLang (issue 15). Its JIT compiles the kernel's host side too, and loads it into the subject,
-# so it has ways past the kernel that Triton has not: source text spliced into the compiled module
-# (T.import_source, T.Kernel's prelude, CUDASourceCodeKernel, postprocessing hooks), calls out to
-# any C function or TVM global function from the host code (T.call_extern, T.call_packed, the
-# tvm_* builtins), the compiler's command line (compile_flags: nvcc's -ccbin runs any program),
-# targets that hand work to libraries or the CPU, and its packaged templates (tilelang.carver).
-# The rule: a submission that imports tilelang uses tilelang.<TILELANG_API> only, and
-# tilelang.language (T) without its submodules; no name on TILELANG_REACH appears anywhere in its
-# files, in code, keywords or strings; and no call spreads a dict of keywords (`f(**options)`
-# could spell a keyword the audit never sees). What remains is tile code whose host side TileLang
-# generates itself: a kernel of the student's own, named after its @T.prim_func
-# (integrity.own_kernel_names).
-TILELANG_API = frozenset({"jit", "compile", "language", "cdiv", "next_power_of_2"})
-TILELANG_REACH = frozenset("""
-call_extern call_pure_extern call_packed call_cpacked call_packed_lowered call_cpacked_lowered
-call_intrin call_llvm_intrin call_llvm_pure_intrin llvm_lookup_intrinsic_id call_kernel
-import_source prelude CUDASourceCodeKernel func_attr register_cuda_postproc register_hip_postproc
-register_c_postproc get_global_func target_host compile_flags execution_backend debug_root_path
-pass_configs Call CallEffectKind JITFunc
-""".split())
-# ... and, as a keyword, `target` (a CPU target, or one whose libs hand the work to cuBLAS).
-TILELANG_KEYWORDS = TILELANG_REACH | {"target"}
-# tilelang.language's submodules (0.1.15): T.tir, T.builtin, ... lead past the tile API.
-TILELANG_LANGUAGE_MODULES = frozenset("""
-annotations atomic builtin common copy_op customize dtypes eager experimental fill_op frame
-gemm_op kernel logical loop math_intrinsics meta overrides proxy reduce_op scan_op symbolics
-tile_schedule tir utils warp_specialize""".split())
-_TILELANG_PREFIX = re.compile(r"^(tvm|TVM)")   # tvm_call_packed, TVMBackendAllocWorkspace, ...
-# ... and any name built on one of those (T.annotate_compile_flags, T.annotate_pass_configs,
-# T.anylist_setitem_call_packed), in code or in a string without spaces.
-_TILELANG_PARTS = re.compile(r"compile_flags|pass_config|call_c?packed|extern|import_source|"
-                             r"prelude|postproc|execution_backend|target_host")
-# TileLang's compilers: called with the kernel alone (their positional options are the target,
-# the execution backend, pass configs and compiler flags), never passed around as a value.
-TILELANG_COMPILERS = frozenset({"tilelang.compile", "tilelang.jit"})
-# Strings that name an operator or a global function (T.Call("int32", "tir.call_extern", ...));
-# a docstring that speaks of intrinsics has spaces in it.
-_TILELANG_STRING = re.compile(
-    r"^\S*(extern|packed|intrin|^(tir|tl|tvm|runtime|ffi|target|device_api)\.)\S*$")
-_TILELANG_WHY = ("TileLang's way past the kernel: raw source, host calls, the compiler's command "
-                 "line or the target (grader/reach.py, TILELANG_REACH)")
-
-# The encodings the audit reads a file in; Python honours a file's coding cookie, so any other
-# would make the audited text differ from the code that runs.
-READABLE_CODECS = frozenset({"utf-8", "utf8", "utf_8", "utf-8-sig", "ascii", "us-ascii"})
-_COOKIE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)
-_DUNDER = re.compile(r"^__\w+__$")
 
 # ---------------------------------------------------------------- native: the object's imports
 
 # PyTorch operators that create, view, copy or move tensors (the `aten::` names of
 # integrity.CPU_ALLOWED_OPS); every other operator computes, and computing is the submission's job.
 from .integrity import CPU_ALLOWED_OPS  # noqa: E402
-from .submission import split_sources  # noqa: E402
+from .submission import CUDA_FILE as _SOURCE_NAME, split_sources  # noqa: E402
 
 DATA_OPS = frozenset(op.split("::", 1)[1] for op in CPU_ALLOWED_OPS)
 
@@ -221,262 +118,12 @@ class ReachFinding:
         return f"{self.where}: {self.what[:120]} ({self.why})"
 
 
-# ---------------------------------------------------------------- Python, by its syntax tree
-
-
-def python_reach(files: dict[str, str]) -> list[ReachFinding]:
-    """Findings for every Python file of a submission, {relative path: text}. A file Python
-    would decode differently (a coding cookie) cannot be cleared; one that does not parse is left
-    to the build, where importing it fails with the student's own SyntaxError."""
-    own = _own_modules(files)
-    # TileLang's rules hold for every file of a submission that mentions it anywhere.
-    tilelang = any(re.search(r"\btilelang\b", text) for text in files.values())
-    findings = []
-    for name, text in files.items():
-        if not name.endswith(".py"):
-            continue
-        cookie = _COOKIE.search("\n".join(text.split("\n")[:2]))
-        if (cookie and cookie.group(1).lower() not in READABLE_CODECS) or "\ufffd" in text:
-            findings.append(ReachFinding(name, cookie.group(0).strip() if cookie else "U+FFFD",
-                                         "Python would read this file differently from the audit: "
-                                         "save it as UTF-8"))
-            continue
-        try:   # Python drops a UTF-8 byte order mark before it parses; so does the audit
-            tree = ast.parse(text.removeprefix("\ufeff"), filename=name)
-        except (SyntaxError, ValueError):
-            continue   # nor can Python run it: importing it fails with the student's own error
-        findings += _Audit(name, own, tilelang=tilelang).run(tree)
-    return findings
-
-
-def _own_modules(files: dict[str, str]) -> set[str]:
-    """Top-level modules a submission's folder provides and the grader read (x.py, x/...py),
-    except names Python finds elsewhere first (a gc.py beside the submission is not what
-    `import gc` loads)."""
-    own = set()
-    for name in files:
-        parts = Path(name).parts
-        if name.endswith(".py"):
-            own.add(parts[0][:-3] if len(parts) == 1 else parts[0])
-    shadowed = set(sys.builtin_module_names) | set(getattr(sys, "stdlib_module_names", ())) | REACH_NAMES
-    return own - shadowed
-
-
-@functools.lru_cache(maxsize=4096)
-def _resolve(path: str):
-    """The module an attribute path names, looked up in the grader's own import of an allowed
-    library (trusted code); None when the path is not a module or cannot be resolved."""
-    parts = path.split(".")
-    if parts[0] not in RESOLVED_IMPORTS:
-        return None
-    try:
-        obj = importlib.import_module(parts[0])
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-    except Exception:   # not installed here, or not an attribute: nothing to resolve
-        return None
-    return obj if isinstance(obj, types.ModuleType) else None
-
-
-class _Audit(ast.NodeVisitor):
-    def __init__(self, file: str, own: set[str], *, tilelang: bool = False):
-        self.file, self.own, self.tilelang = file, own, tilelang
-        self.findings: list[ReachFinding] = []
-        self.aliases: dict[str, str] = {}    # local name -> the module path it stands for
-        self.idiom: set[int] = set()         # ids of '__main__' constants in the main idiom
-        self.bases: set[int] = set()         # ids of nodes that are the base of an attribute
-        self.called: set[int] = set()        # ids of nodes called, or used as a decorator
-
-    def run(self, tree: ast.AST) -> list[ReachFinding]:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                self.called.add(id(node.func))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self.called |= {id(d) for d in node.decorator_list}
-            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) \
-                    and node.left.id == "__name__":
-                self.idiom |= {id(c) for c in node.comparators if isinstance(c, ast.Constant)}
-            if isinstance(node, ast.Attribute):
-                self.bases.add(id(node.value))
-        self.visit(tree)
-        return self.findings
-
-    def flag(self, node: ast.AST, what: str, why: str) -> None:
-        self.findings.append(ReachFinding(f"{self.file} line {getattr(node, 'lineno', '?')}", what, why))
-
-    def check_name(self, node: ast.AST, name: str, *, attribute_of: str | None = None) -> None:
-        if name in REACH_NAMES or REACH_PARTS.search(name):
-            self.flag(node, name, "a way to the grader's objects, other processes or native code")
-        elif _DUNDER.match(name) and name not in ALLOWED_DUNDERS:
-            self.flag(node, name, "Python's internals: no kernel needs them")
-        elif attribute_of is not None and name.startswith("_") and not _DUNDER.match(name):
-            self.flag(node, f"{attribute_of}.{name}", "a private attribute: no kernel needs it")
-        elif self.tilelang and (name in TILELANG_REACH or _TILELANG_PREFIX.match(name)
-                                or _TILELANG_PARTS.search(name)):
-            self.flag(node, name, _TILELANG_WHY)
-
-    def check_compiler_use(self, node: ast.AST, path: str | None) -> None:
-        """TileLang's compiler may be called or be a decorator, not be a value: a value can be
-        called later with the positional options visit_Call rules out."""
-        if self.tilelang and path in TILELANG_COMPILERS and id(node) not in self.called:
-            self.flag(node, path, "TileLang's compiler used as a value: call it (or decorate with "
-                      "it) where it is named, with the kernel alone and keywords")
-
-    def visit_Call(self, node: ast.Call) -> None:
-        func = node.func
-        path = self._path(func) if isinstance(func, ast.Attribute) else \
-            self.aliases.get(func.id) if isinstance(func, ast.Name) else None
-        if self.tilelang and path in TILELANG_COMPILERS and (
-                len(node.args) > 1 or any(isinstance(a, ast.Starred) for a in node.args)):
-            self.flag(node, f"{path}(...)", "TileLang's compiler takes the kernel alone: its "
-                      "positional options are the target, the execution backend, pass configs "
-                      "and compiler flags (write out_idx= as a keyword)")
-        self.generic_visit(node)
-
-    def check_module(self, node: ast.AST, module: str, level: int = 0) -> None:
-        if level:   # relative: a file of its own folder, read and audited with the rest
-            return
-        top = module.split(".")[0]
-        if top not in ALLOWED_IMPORTS and top not in self.own:
-            self.flag(node, f"import {module}", f"not a module a kernel needs (allowed: "
-                      f"{', '.join(sorted(ALLOWED_IMPORTS - {'__future__'}))} and its own files)")
-        for part in module.split(".")[1:]:
-            self.check_name(node, part, attribute_of=top)
-        self.check_path(node, module)
-
-    def check_path(self, node: ast.AST, path: str) -> None:
-        """A path through allowed modules may not arrive at a module outside them
-        (`enum.bltns` is builtins), nor at something that runs a file's code (REACH_PATHS)."""
-        if path in REACH_PATHS:
-            self.flag(node, path, "runs code from a file or loads native code")
-        if path in WRITE_PATHS:
-            self.flag(node, path, "writes a file: a cache a compiler loads from could be "
-                      "given native code no audit read")
-        parts = path.split(".")
-        if parts[0] == "tilelang" and len(parts) > 1 and (
-                parts[1] not in TILELANG_API or   # tilelang.jit.kernel is a module, not the API
-                (parts[1] != "language" and len(parts) > 2) or
-                (parts[1] == "language" and len(parts) > 2 and parts[2] in TILELANG_LANGUAGE_MODULES)):
-            self.flag(node, path, f"outside TileLang's tile API (allowed: tilelang."
-                      f"{{{', '.join(sorted(TILELANG_API))}}} and tilelang.language without its "
-                      f"submodules)")
-        module = _resolve(path)
-        if module is not None and module.__name__.split(".")[0] not in ALLOWED_IMPORTS:
-            self.flag(node, path, f"is the module {module.__name__}, reached through another module")
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            self.check_module(node, alias.name)
-            local = alias.asname or alias.name.split(".")[0]
-            self.aliases[local] = alias.name if alias.asname else local
-            if alias.asname:
-                self.check_name(node, alias.asname)
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        module = node.module or ""
-        self.check_module(node, module, node.level)
-        for alias in node.names:
-            if alias.name == "*":
-                self.flag(node, f"from {module} import *", "hides which names the file uses")
-                continue
-            self.check_name(node, alias.name, attribute_of=module or ".")
-            if alias.asname:
-                self.check_name(node, alias.asname)
-            if not node.level:
-                self.check_path(node, f"{module}.{alias.name}")
-                self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
-
-    def visit_Name(self, node: ast.Name) -> None:
-        self.check_name(node, node.id)
-        path = self.aliases.get(node.id)
-        self.check_compiler_use(node, path)
-        if path and id(node) not in self.bases and isinstance(node.ctx, ast.Load) \
-                and _resolve(path) is not None:
-            self.flag(node, node.id, "a module used as a value (only module.attribute is allowed)")
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        path = self._path(node)
-        if path != "tilelang.compile":   # TileLang's compiler, not the builtin
-            self.check_name(node, node.attr,
-                            attribute_of=node.value.id if isinstance(node.value, ast.Name) else "an object")
-        if path:
-            self.check_path(node, path)
-            self.check_compiler_use(node, path)
-            if id(node) not in self.bases and _resolve(path) is not None:
-                self.flag(node, path, "a module used as a value (only module.attribute is allowed)")
-        self.generic_visit(node)
-
-    def visit_keyword(self, node: ast.keyword) -> None:
-        if node.arg:
-            self.check_name(node, node.arg)
-            if self.tilelang and node.arg in TILELANG_KEYWORDS - TILELANG_REACH:
-                self.flag(node, f"{node.arg}=", _TILELANG_WHY)
-        elif self.tilelang:
-            self.flag(node, "**", "keywords spread from a dict: with TileLang, every keyword must "
-                      "be written out (compile_flags, target, ... are ways past the kernel)")
-        self.generic_visit(node)
-
-    def visit_MatchClass(self, node: ast.MatchClass) -> None:   # case C(attr=...) reads attr
-        for name in node.kwd_attrs:
-            self.check_name(node, name, attribute_of="an object")
-        self.generic_visit(node)
-
-    def visit_FunctionDef(self, node) -> None:
-        self.check_name(node, node.name)
-        arguments = node.args
-        for arg in arguments.posonlyargs + arguments.args + arguments.kwonlyargs \
-                + [a for a in (arguments.vararg, arguments.kwarg) if a]:
-            self.annotation(arg.annotation)
-        self.annotation(node.returns)
-        self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        self.annotation(node.annotation)
-        self.generic_visit(node)
-
-    def annotation(self, node: ast.AST | None) -> None:
-        """A string annotation is code: typing.get_type_hints and others evaluate it."""
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            try:
-                tree = ast.parse(node.value, mode="eval")
-            except SyntaxError:
-                self.flag(node, repr(node.value)[:60], "a string annotation that is not an expression")
-                return
-            inner = _Audit(f"{self.file} line {node.lineno}, annotation", self.own,
-                           tilelang=self.tilelang)
-            inner.aliases = dict(self.aliases)
-            self.findings += inner.run(tree)
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.check_name(node, node.name)
-        self.generic_visit(node)
-
-    def visit_Constant(self, node: ast.Constant) -> None:
-        if isinstance(node.value, str) and id(node) not in self.idiom and (
-                node.value in REACH_NAMES or
-                (_DUNDER.match(node.value) and node.value not in ALLOWED_DUNDERS) or
-                (self.tilelang and (node.value in TILELANG_KEYWORDS
-                                    or _TILELANG_STRING.search(node.value)
-                                    or (" " not in node.value and _TILELANG_PARTS.search(node.value))))):
-            self.flag(node, repr(node.value)[:60], "a string naming a way in")
-
-    def _path(self, node: ast.AST) -> str:
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name) or node.id not in self.aliases:
-            return ""
-        return ".".join([self.aliases[node.id]] + parts[::-1])
-
-
 # ---------------------------------------------------------------- native, by the object's symbols
 
 
 class AuditUnavailable(RuntimeError):
-    """The grading machine cannot read object files (binutils' nm is missing)."""
+    """The grading machine cannot read what a build made (binutils' nm is missing, the build left
+    no record of its headers)."""
 
 
 def undefined_symbols(obj: Path) -> list[str]:
@@ -492,8 +139,9 @@ def undefined_symbols(obj: Path) -> list[str]:
 
 
 def native_reach(obj: Path) -> list[ReachFinding]:
-    """Findings for the imports of the object compiled from a submission's translation unit, and
-    for system calls its host code makes without one."""
+    """Findings for the imports of the object compiled from a submission's translation unit, for
+    system calls its host code makes without one, for library kernels it defines, and for
+    library kernel sources its compile opened (cpp_includes, from the record beside it)."""
     findings = []
     for symbol in undefined_symbols(obj):
         bare = _without_templates(re.sub(r"@.*$", "", symbol))   # versioned: open@GLIBC_2.2.5
@@ -513,6 +161,7 @@ def native_reach(obj: Path) -> list[ReachFinding]:
         findings.append(ReachFinding(obj.name, "syscall instruction",
                                      "a system call made directly, without an import"))
     findings += library_kernels(obj)
+    findings += cpp_includes(obj)
     return findings
 
 
@@ -520,7 +169,10 @@ def defined_kernels(obj: Path) -> list[str]:
     """The GPU kernels the object's translation unit defines, demangled. nvcc gives each
     __global__ function a host stub under the kernel's own mangled name, and a
     `__device_stub__` function beside it (or, once inlined, its static locals) whose name holds
-    that mangled name, length-prefixed: `74__device_stub__Z17attention_kernel1ILi64E...`."""
+    that mangled name, length-prefixed: `74__device_stub__Z17attention_kernel1ILi64E...`. A
+    kernel with internal linkage (static, or in an anonymous namespace, as the solution's are)
+    has an `L` in its own mangled name that the stub's copy lacks: the two are matched
+    demangled."""
     nm, cxxfilt = shutil.which("nm"), shutil.which("c++filt")
     if nm is None or cxxfilt is None:
         raise AuditUnavailable("binutils' nm or c++filt is missing (install binutils)")
@@ -529,14 +181,14 @@ def defined_kernels(obj: Path) -> list[str]:
     if proc.returncode != 0:
         raise AuditUnavailable(f"nm could not read {obj.name}: {proc.stderr.strip()[:300]}")
     symbols = proc.stdout.split()
-    stubs = "\n".join(s for s in symbols if "__device_stub__" in s)
-    kernels = [s for s in symbols if s.startswith("_Z") and "__device_stub__" not in s
-               and f"{len(s) + 14}__device_stub__{s[1:]}" in stubs]
-    if not kernels:
+    stubbed = {"_" + s[m.end():m.end() + int(m.group(1)) - len("__device_stub__")]
+               for s in symbols for m in re.finditer(r"(\d+)__device_stub__(?=Z)", s)}
+    candidates = [s for s in symbols if s.startswith("_Z") and "__device_stub__" not in s]
+    if not stubbed or not candidates:
         return []
-    proc = subprocess.run([cxxfilt], input="\n".join(kernels), capture_output=True, text=True,
-                          errors="replace", timeout=120)
-    return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    names = _demangle(sorted(stubbed) + candidates)
+    kernels = {names[s] for s in stubbed}
+    return [names[s] for s in candidates if names[s] in kernels and names[s] != s]
 
 
 def library_kernels(obj: Path) -> list[ReachFinding]:
@@ -569,14 +221,7 @@ def _without_templates(name: str) -> str:
 
 def _raw_system_calls(obj: Path) -> bool:
     """Whether the object's host code holds a system call instruction (binutils' objdump)."""
-    objdump = shutil.which("objdump")
-    if objdump is None:
-        raise AuditUnavailable("binutils' objdump is missing (install binutils; g++ brings it)")
-    proc = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(obj)], capture_output=True,
-                          text=True, errors="replace", timeout=300)
-    if proc.returncode != 0:
-        raise AuditUnavailable(f"objdump could not read {obj.name}: {proc.stderr.strip()[:300]}")
-    return re.search(r"\s(syscall|sysenter|int\s+\$0x80)\b", proc.stdout) is not None
+    return re.search(r"\s(syscall|sysenter|int\s+\$0x80)\b", _disassembly(obj)) is not None
 
 
 def _data_op(name: str) -> bool:
@@ -590,65 +235,433 @@ def _native_reason(symbol: str) -> str | None:
     return next((why for why, pattern in NATIVE_REACH if pattern.match(symbol)), None)
 
 
-# ---------------------------------------------------------------- the verdict
-
-
-def audit_sources(source: str, folder: Path | None = None) -> list[ReachFinding]:
-    """python_reach of the Python files in read_sources' text; with the folder, also every .py
-    there that read_sources did not read (too large, too many, a link, a hidden folder): it could
-    still be imported, and what was not read cannot be cleared."""
-    files = split_sources(source)
-    findings = python_reach(files)
-    if folder is not None:
-        findings += _unread(Path(folder), set(files))
-    return findings
-
+# ---------------------------------------------------------------- native: the headers it opened
 
 # CUTLASS's kernel-level headers: whole GEMM, convolution, reduction and transform kernels, their
 # collectives and epilogues. A kernel of the student's own may use CuTe (cute/...) and CUTLASS's
-# building blocks (cutlass/arch, cutlass/pipeline, numeric types, barriers), none of which
-# includes these; one that includes them can run CUTLASS's GEMM inside a __global__ of its own,
-# where no kernel name shows it (red team, session 7: tests/adversarial/cutlass_wrapped_cu).
+# building blocks (cutlass/arch, cutlass/pipeline, numeric types, barriers); one that includes
+# these can run CUTLASS's GEMM inside a __global__ of its own, where no kernel name shows it (red
+# team, session 7: tests/adversarial/cutlass_wrapped_cu). Judged by the files the compiler
+# opened (cpp_includes), at any depth, so every spelling of an include is the same file.
 CUTLASS_KERNEL_HEADERS = re.compile(r"^cutlass/(gemm|conv|epilogue|reduction|transform|fmha)/")
-_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include\b[ \t]*(.*)$", re.MULTILINE)
+# ... but for the kernel-free ones that CUTLASS's building blocks include themselves (problem
+# sizes, enums, policy tags, element-wise functors): an honest kernel opens them without naming
+# them (cutlass/numeric_conversion.h includes transform/thread/unary_op.h; cutlass/arch/mma.h,
+# gemm/gemm.h; cute/tensor.hpp, with CUTLASS_DEBUG_TRACE_LEVEL set, gemm/gemm_enumerated_types.h
+# and conv/*). Measured on nvidia-cutlass 4.2.0: the headers of those folders that any header
+# outside them (cute/, cutlass/ but experimental/) includes, at any depth, whatever the macros
+# (tests/test_native_audit.py recomputes it from the installed wheel).
+CUTLASS_BUILDING_BLOCK_HEADERS = frozenset({
+    "cutlass/gemm/gemm.h", "cutlass/gemm/gemm_enumerated_types.h",
+    "cutlass/gemm/dispatch_policy.hpp", "cutlass/conv/convolution.h",
+    "cutlass/conv/conv2d_problem_size.h", "cutlass/conv/conv3d_problem_size.h",
+    "cutlass/conv/dispatch_policy.hpp", "cutlass/epilogue/thread/activation.h",
+    "cutlass/transform/thread/unary_op.h"})
+# PyTorch's own kernels, which its wheel ships as headers of its implementation, ATen/native/:
+# the ones that define a __global__ function (20 in torch 2.13: cuda/PersistentSoftmax.cuh holds
+# the softmax_warp_forward that torch.softmax launches, transformers/cuda/mem_eff_attention/ a
+# whole attention kernel). Compiled into a submission's object they are kernels it defines, under
+# names no library prefix marks. ATen/native's device helpers (block_reduce.cuh,
+# MemoryAccess.cuh) define none and pass; torch's API headers (torch/extension.h,
+# ATen/cuda/CUDAContext.h) open no ATen/native header at all, every #if taken (measured).
+TORCH_KERNEL_HEADERS = re.compile(r"^ATen/native/")
+_GLOBAL_FUNCTION = re.compile(rb"\b__global__\b")
+_CUTLASS_WHY = ("CUTLASS's kernel-level headers (GEMM, convolution, collectives, epilogues), "
+                "opened by the compiler: a library's kernel. Remove the #include that brings them "
+                "in, however it is spelt; CuTe and cutlass/arch are fine")
+_TORCH_WHY = ("PyTorch's kernel sources, opened by the compiler: its kernels compiled into the "
+              "submission. Remove the #include that brings them in; ATen/cuda/CUDAContext.h "
+              "and torch/extension.h are fine")
 
 
-def cpp_includes(source: str) -> list[ReachFinding]:
-    """What the C++ files of read_sources' text include that no kernel of the student's own
-    needs: CUTLASS's kernel-level headers (CUTLASS_KERNEL_HEADERS, after '..' is resolved), and
-    an include whose file is computed by a macro (it could name one)."""
-    findings = []
+def read_headers_record(path: Path) -> list[str]:
+    """The files a build's translation unit opened, in the order it first opened them: the
+    record build.record_headers wrote beside the object. AuditUnavailable when there is none or
+    it is malformed: a build whose headers are unknown cannot be cleared."""
+    from .build import HEADERS_SCHEMA
+    from .submission import read_regular
+    try:
+        record = json.loads(read_regular(path, 64 << 20))
+    except FileNotFoundError:
+        raise AuditUnavailable(f"the build left no record of the headers it opened "
+                               f"({path.name})") from None
+    except (OSError, ValueError) as e:
+        raise AuditUnavailable(f"the build's record of its headers ({path.name}) is "
+                               f"unreadable: {e}") from None
+    headers = record.get("headers") if isinstance(record, dict) else None
+    if not isinstance(headers, list) or record.get("schema") != HEADERS_SCHEMA or not headers \
+            or not all(isinstance(h, str) for h in headers):
+        raise AuditUnavailable(f"the build's record of its headers ({path.name}) is malformed")
+    return headers
+
+
+def library_header(path: str) -> tuple[str, str] | None:
+    """(the header's name under its library's include folder, why) when the file at `path` is a
+    library's kernel source (CUTLASS_KERNEL_HEADERS but the building blocks' own,
+    TORCH_KERNEL_HEADERS), else None. Read from any folder named cutlass/ or ATen/ on the way,
+    so a copy of them elsewhere (in the submission's folder) is what it copies."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        rest = "/".join(parts[i:])
+        if part == "cutlass" and CUTLASS_KERNEL_HEADERS.match(rest) \
+                and rest not in CUTLASS_BUILDING_BLOCK_HEADERS:
+            return rest, _CUTLASS_WHY
+        if part == "ATen" and TORCH_KERNEL_HEADERS.match(rest) and _defines_kernel(path):
+            return rest, _TORCH_WHY
+    return None
+
+
+def _defines_kernel(path: str) -> bool:
+    """Whether the header at `path` defines a GPU kernel (a __global__ outside comments); one
+    that cannot be read is counted as one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return True
+    return _defines_kernel_cached(path, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _defines_kernel_cached(path: str, mtime_ns: int, size: int) -> bool:
+    from .submission import read_regular
+    try:
+        text = read_regular(path, 16 << 20, follow_links=True)
+    except OSError:
+        return True
+    code = re.sub(rb"//[^\n]*|/\*.*?\*/", b" ", text, flags=re.DOTALL)
+    return _GLOBAL_FUNCTION.search(code) is not None
+
+
+def cpp_includes(obj: Path) -> list[ReachFinding]:
+    """Library kernel sources among the files the compiler opened for the translation unit
+    compiled to `obj` (its record beside it, build.HEADERS_RECORD: every file the preprocessor
+    opened, at any depth, for the device and the host code; every spelling of an #include, `..`,
+    `//`, an absolute path, a line continuation, a digraph or a macro, is the file it opens).
+    One finding per reason: the first such file opened (the one an #include named) and how many
+    came with it."""
+    first: dict[str, tuple[str, int]] = {}
+    from .build import HEADERS_RECORD
+    for path in read_headers_record(obj.parent / HEADERS_RECORD):
+        hit = library_header(path)
+        if hit is not None:
+            name, count = first.get(hit[1], (hit[0], 0))
+            first[hit[1]] = (name, count + 1)
+    return [ReachFinding(f"{_SOURCE_NAME}, as compiled", name + (f" (and {count - 1} more)"
+                                                                 if count > 1 else ""), why)
+            for why, (name, count) in first.items()]
+
+
+# ---------------------------------------------------------------- native: what an instructor reads
+
+# The audit above flags a way out by its name. Machine code that finds a library's functions by
+# walking mapped memory needs no name (tests/adversarial/mem_walk_cu: from the address of an
+# allowed PyTorch function, back page by page to the library's ELF header, then its dynamic
+# symbols), and no static check can see every such walk. native_review finds the constructs
+# such a walk is made of, and the review queue shows them to an instructor: what the object shows
+# sends the submission to review (zero on every honest C++ submission, measured: README), what
+# only the text shows is a note.
+
+# The ELF header's first four bytes, and the dynamic section's tag of the GNU symbol hash table,
+# as they appear in machine code (immediates, little-endian) or data.
+ELF_MAGIC = b"\x7fELF"
+DT_GNU_HASH = (0x6FFFFEF5).to_bytes(4, "little")
+# Headers that describe the dynamic linker's structures (ELF's headers and symbol tables, the
+# list of loaded libraries): no kernel's host code opens them, and torch's headers do not.
+LOADER_HEADERS = re.compile(r"(?:^|/)(elf\.h|link\.h|bits/link\.h|sys/auxv\.h)$")
+# ... and headers for memory and process introspection: a note (their functions are flagged).
+NOTED_HEADERS = re.compile(r"(?:^|/)(dlfcn\.h|sys/mman\.h|execinfo\.h|ucontext\.h|"
+                           r"sys/ptrace\.h|sys/uio\.h)$")
+# Undefined symbols whose address the compiler itself takes: the C++ personality routine (each
+# function's unwind data), the filler of a vtable's pure or deleted entries.
+_COMPILERS_OWN = frozenset({"__gxx_personality_v0", "__cxa_pure_virtual", "__cxa_deleted_virtual"})
+# Plain C symbols that are data, not functions: their address is what code uses.
+_C_DATA = frozenset({"stdout", "stderr", "stdin", "__dso_handle", "__libc_single_threaded",
+                     "_GLOBAL_OFFSET_TABLE_", "errno"})
+# Sections the host object carries the device code in (CUDA fatbinaries): not host code.
+_DEVICE_SECTIONS = re.compile(r"^(\.nv_fatbin|\.nvFatBinSegment|__nv_relfatbin|\.nv\.)")
+
+# Relocation types that are calls or jumps (the rest take an address as data), and those whose
+# instruction decides (x86-64: R_X86_64_PC32 after e8/e9 is a call, R_X86_64_GOTPCRELX after
+# ff 15/ff 25 an indirect one through the GOT).
+_EM_X86_64, _EM_AARCH64 = 62, 183
+_CALLS = {_EM_X86_64: {4}, _EM_AARCH64: {282, 283}}            # PLT32; JUMP26, CALL26
+_CALL_BY_OPCODE = {2: (1, (b"\xe8", b"\xe9")), 41: (2, (b"\xff\x15", b"\xff\x25"))}
+
+_SHF_ALLOC, _SHF_EXECINSTR = 0x2, 0x4
+
+
+@dataclasses.dataclass(frozen=True)
+class _Section:
+    name: str
+    type: int
+    flags: int
+    offset: int
+    size: int
+    link: int
+    info: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Symbol:
+    name: str
+    section: int      # 0: undefined
+    value: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Elf:
+    """A relocatable ELF64 little-endian object file, as much of it as native_review reads."""
+    data: bytes
+    machine: int
+    sections: list[_Section]
+    symbols: list[_Symbol]
+    # section index -> (start addresses, its named symbols), sorted by address
+    by_section: dict[int, tuple[list[int], list[_Symbol]]]
+
+    def bytes_of(self, section: _Section) -> bytes:
+        return self.data[section.offset:section.offset + section.size] if section.type != 8 else b""
+
+    def host_sections(self) -> list[_Section]:
+        """Sections loaded with the host code (not the device code's fatbinary)."""
+        return [s for s in self.sections if _in_host_code_or_data(s)]
+
+    def relocations(self):
+        """(section the relocation applies to, offset, type, symbol) for every RELA entry."""
+        for rela in (s for s in self.sections if s.type == 4 and s.info < len(self.sections)):
+            target, body = self.sections[rela.info], self.bytes_of(rela)
+            for offset, info, _ in struct.iter_unpack("<QQq", body[:len(body) // 24 * 24]):
+                if info >> 32 < len(self.symbols):
+                    yield target, offset, info & 0xFFFFFFFF, self.symbols[info >> 32]
+
+    def enclosing(self, section: _Section, offset: int) -> str:
+        """The name of the defined symbol whose bytes hold `offset` of `section`, else the
+        section's name."""
+        starts, symbols = self.by_section.get(self.sections.index(section), ([], []))
+        at = bisect.bisect_right(starts, offset)
+        for sym in reversed(symbols[max(0, at - 8):at]):
+            if offset < sym.value + max(sym.size, 1):
+                return sym.name
+        return section.name
+
+
+def read_elf(obj: Path) -> _Elf:
+    """The object's sections and symbol table, read with struct (no tool): AuditUnavailable when
+    it is not a relocatable ELF64 little-endian file."""
+    data = Path(obj).read_bytes()
+    if data[:4] != ELF_MAGIC or data[4:6] != b"\x02\x01":
+        raise AuditUnavailable(f"{Path(obj).name} is not a 64-bit little-endian ELF object")
+    try:
+        machine, shoff, shentsize, shnum, shstrndx = (struct.unpack_from("<H", data, 18)[0],
+                                                      *struct.unpack_from("<Q", data, 40),
+                                                      *struct.unpack_from("<HHH", data, 58))
+        raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+        names = raw[shstrndx]
+        sections = [_Section(_c_string(data, names[4] + r[0]), r[1], r[2], r[4], r[5], r[6], r[7])
+                    for r in raw]
+        symbols: list[_Symbol] = []
+        for table in (s for s in sections if s.type == 2):
+            strings = sections[table.link].offset
+            body = data[table.offset:table.offset + table.size]
+            symbols = [_Symbol(_c_string(data, strings + name), shndx, value, size)
+                       for name, _, _, shndx, value, size in
+                       struct.iter_unpack("<IBBHQQ", body[:len(body) // 24 * 24])]
+    except (struct.error, IndexError) as e:
+        raise AuditUnavailable(f"{Path(obj).name} is not an ELF object this audit can read: "
+                               f"{e}") from None
+    by: dict[int, list[_Symbol]] = {}
+    for sym in symbols:
+        if sym.name and 0 < sym.section < 0xFF00:   # defined in a section (not ABS, COMMON)
+            by.setdefault(sym.section, []).append(sym)
+    index = {k: ([s.value for s in v], v) for k, v in
+             ((k, sorted(v, key=lambda s: s.value)) for k, v in by.items())}
+    return _Elf(data, machine, sections, symbols, index)
+
+
+def _c_string(data: bytes, at: int) -> str:
+    return data[at:data.index(b"\0", at)].decode("utf-8", "replace")
+
+
+def _is_call(elf: _Elf, section: _Section, offset: int, kind: int) -> bool:
+    if kind in _CALLS.get(elf.machine, ()):
+        return True
+    if elf.machine == _EM_X86_64 and kind in _CALL_BY_OPCODE and section.flags & _SHF_EXECINSTR:
+        width, opcodes = _CALL_BY_OPCODE[kind]
+        return elf.data[section.offset + offset - width:section.offset + offset] in opcodes
+    return False
+
+
+def function_addresses(elf: _Elf) -> list[tuple[str, str]]:
+    """(where, function) for each library function whose address the object's host code or data
+    takes without calling it: a relocation other than a call against an undefined symbol that
+    is a function (a C++ name with parameters, or a plain C name that is not data). The
+    compiler's own are left out (the personality routine, a vtable's entries and fillers,
+    destructors it registers for static objects: C++ cannot take a destructor's address)."""
+    found = []
+    for section, offset, kind, sym in elf.relocations():
+        if sym.section == 0 and sym.name and sym.name not in _COMPILERS_OWN | _C_DATA \
+                and _in_host_code_or_data(section) and not _is_call(elf, section, offset, kind):
+            where = elf.enclosing(section, offset)
+            if not where.startswith("_ZTV"):   # a vtable's entries are the compiler's
+                found.append((where, sym.name))
+    names = _demangle(sorted({n for pair in found for n in pair}))
+    return [(names[w], names[f]) for w, f in dict.fromkeys(found)
+            if ("(" in names[f] and "::~" not in names[f]) or re.fullmatch(r"\w+", names[f])]
+
+
+def _in_host_code_or_data(section: _Section) -> bool:
+    """Loaded with the host code, and not unwind data (which names the personality routine)."""
+    return bool(section.flags & _SHF_ALLOC) and not _DEVICE_SECTIONS.match(section.name) \
+        and section.name not in (".eh_frame", ".gcc_except_table")
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    cxxfilt = shutil.which("c++filt")
+    if cxxfilt is None:
+        raise AuditUnavailable("binutils' c++filt is missing (install binutils)")
+    out = subprocess.run([cxxfilt], input="\n".join(names), capture_output=True, text=True,
+                         errors="replace", timeout=120).stdout.splitlines()
+    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+
+
+def magic_numbers(elf: _Elf) -> list[tuple[str, str]]:
+    """(where, what) for the ELF header's magic and DT_GNU_HASH in host code or data (x86-64
+    immediates are little-endian in the instruction's bytes; a string is its bytes). The
+    object's own ELF header is not in a section; the device code's fatbinary, full of ELF
+    headers, is left out."""
+    found = []
+    for section in elf.host_sections():
+        body = elf.bytes_of(section)
+        for what, pattern in (("the ELF header's magic number (0x464c457f, \"\\x7fELF\")", ELF_MAGIC),
+                              ("DT_GNU_HASH (0x6ffffef5), the tag of a library's symbol hash table",
+                               DT_GNU_HASH)):
+            at = body.find(pattern)
+            if at >= 0:
+                found.append((elf.enclosing(section, at), what))
+    names = _demangle(sorted({w for w, _ in found}))
+    return [(names[w], what) for w, what in found]
+
+
+def page_masks(obj: Path) -> list[tuple[str, str]]:
+    """(function, instruction) for each host instruction that masks an address to its 4 KiB
+    page (x86-64, objdump): where a walk through memory starts."""
+    found = []
+    function = ""
+    for line in _disassembly(obj).splitlines():
+        head = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if head:
+            function = head.group(1)
+        elif re.search(r"\band[lq]?\s+\$0x(?:f{13}|f{5})000,", line):
+            found.append((function, line.split("\t")[-1].strip()))
+    return found
+
+
+@functools.lru_cache(maxsize=2)
+def _disassembly_cached(obj: str, mtime_ns: int, size: int) -> str:
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        raise AuditUnavailable("binutils' objdump is missing (install binutils; g++ brings it)")
+    proc = subprocess.run([objdump, "-d", "-C", "--no-show-raw-insn", obj], capture_output=True,
+                          text=True, errors="replace", timeout=300)
+    if proc.returncode != 0:
+        raise AuditUnavailable(f"objdump could not read {Path(obj).name}: {proc.stderr.strip()[:300]}")
+    return proc.stdout
+
+
+def _disassembly(obj: Path) -> str:
+    """The object's host code, disassembled (objdump -d, demangled), once per file version."""
+    st = os.stat(obj)
+    return _disassembly_cached(str(obj), st.st_mtime_ns, st.st_size)
+
+
+# What only the source text shows (comments left out), a note for the instructor: magic numbers
+# of ELF, page masks, return and frame addresses (by line); integers cast to pointers (a cast to
+# a pointer type whose operand starts with an integer: a literal, an integer type, or a variable
+# the file declares as one); assembly for the host CPU (an asm statement with x86 registers or
+# instructions; a kernel's PTX has neither).
+TEXT_NOTES = [(why, re.compile(pattern)) for why, pattern in (
+    ("a magic number of ELF (a library's header or symbol table)",
+     r"0[xX]464[cC]457[fF]|\\(?:x7[fF]|177)(?:\"\s*\")?ELF|\bELFMAG\b|0[xX]6[fF]{4}[eE][fF]5|\bDT_GNU_HASH\b|"
+     r"\bElf(?:32|64|W)_\w+|\bPT_DYNAMIC\b"),
+    ("a page mask or page size", r"~\s*(?:\w+\s*)?\(?\s*0[xX]0*[fF]{3}\b|0[xX](?:[fF]{5}|[fF]{13})000\b|"
+                                 r"\bgetpagesize\b|_SC_PAGE_?SIZE\b|~\s*\(\s*4096\s*-\s*1\s*\)|"
+                                 r"&\s*-\s*4096\b"),
+    ("a return or frame address", r"__builtin_(?:return|frame|extract_return)_addr(?:ess)?\b"),
+)]
+_INTEGER_TYPE = r"(?:u?intptr_t|size_t|ssize_t|ptrdiff_t|u?int64_t|(?:unsigned\s+)?long(?:\s+long)?)"
+_INTEGER_VARIABLE = re.compile(rf"\b{_INTEGER_TYPE}\s+(?:const\s+)?(\w+)\s*[=;,)\[{{]|"
+                               rf"\bauto\s+(\w+)\s*=\s*reinterpret_cast\s*<\s*{_INTEGER_TYPE}\s*>")
+_POINTER_CAST = re.compile(r"reinterpret_cast\s*<[^<>;]*\*\s*>\s*\(\s*\(?\s*([\w~]+)|"
+                           r"\(\s*(?:const\s+|volatile\s+)*\w+(?:\s+const)?\s*\*+\s*\)\s*\(?\s*([\w~]+)")
+_ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b\s*(?:volatile|__volatile__|goto|inline|\s)*\(")
+_HOST_ASM = re.compile(r"%%[re]?(?:ax|bx|cx|dx|si|di|sp|bp)\b|\b(?:syscall|sysenter|rdtscp?|cpuid|"
+                       r"rdpid|rdrand)\b|\bint\s+\$?0x80\b")
+
+
+def text_notes(source: str) -> list[str]:
+    """'file line N: what: code' for what the C++ files of read_sources' text show (comments
+    left out): TEXT_NOTES by line, integers cast to pointers, assembly for the host CPU."""
+    notes = []
     for name, text in split_sources(source).items():
         if name.endswith(".py"):
             continue
-        for m in _INCLUDE.finditer(text):
-            where = f"{name or 'source'} line {text.count(chr(10), 0, m.start()) + 1}"
-            target = re.match(r'^[<"]([^>"]*)[>"]', m.group(1).strip())
-            if target is None:
-                findings.append(ReachFinding(where, m.group(0).strip()[:80], "an include whose file "
-                                             "a macro computes: write the header's name"))
-            elif CUTLASS_KERNEL_HEADERS.match(posixpath.normpath(target.group(1))):
-                findings.append(ReachFinding(where, target.group(1), "CUTLASS's kernel-level "
-                                             "headers (GEMM, convolution, collectives, epilogues): "
-                                             "a library's kernel; CuTe and cutlass/arch are fine"))
-    return findings
+        name = name or _SOURCE_NAME
+        code = re.sub(r"//[^\n]*|/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text,
+                      flags=re.DOTALL)
+        lines = code.split("\n")
+        integers = {a or b for a, b in _INTEGER_VARIABLE.findall(code)}
+        for number, line in enumerate(lines, 1):
+            notes += [f"{name} line {number}: {why}: {line.strip()[:120]}"
+                      for why, pattern in TEXT_NOTES if pattern.search(line)]
+            if any(_is_integer(a or b, integers) for a, b in _POINTER_CAST.findall(line)):
+                notes.append(f"{name} line {number}: an integer cast to a pointer: {line.strip()[:120]}")
+        for m in _ASM.finditer(code):
+            body = code[m.end():m.end() + 4000].split(");", 1)[0]
+            if _HOST_ASM.search(body):
+                number = code.count("\n", 0, m.start()) + 1
+                notes.append(f"{name} line {number}: inline assembly for the host CPU: "
+                             f"{lines[number - 1].strip()[:120]}")
+    return notes
 
 
-def _unread(folder: Path, read: set[str], limit: int = 20_000) -> list[ReachFinding]:
-    findings, seen = [], 0
-    for root, dirs, names in os.walk(folder, followlinks=False):
-        dirs.sort()
-        for entry in sorted(names) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            seen += 1
-            if seen > limit:
-                return findings + [ReachFinding(str(folder.name), f"more than {limit} files",
-                                                "too many files to audit")]
-            rel = os.path.relpath(os.path.join(root, entry), folder)
-            if (entry.endswith(".py") or os.path.islink(os.path.join(root, entry))) and rel not in read:
-                findings.append(ReachFinding(rel, rel, "a Python file or link the grader did not "
-                                             "read (too large, too many, a link or hidden): it "
-                                             "could still be imported; remove it"))
-    return findings
+def _is_integer(operand: str, integers: set[str]) -> bool:
+    return operand in integers or re.fullmatch(_INTEGER_TYPE, operand) is not None \
+        or re.fullmatch(r"~?(?:0[xX][0-9a-fA-F]+|\d+)[uUlL]*", operand) is not None
+
+
+def native_review(build_dir: Path, source: str) -> tuple[list[ReachFinding], list[str]]:
+    """What an instructor must see of a CUDA build the audit let through: the findings that send
+    it to review, and notes ('where: what') on every unusual but allowed construct, those
+    findings' among them.
+
+    To review (read from the object and the compiler's record, never from text; none in any
+    honest C++ submission, measured: README):
+      - the address of a library function taken as data, not called (function_addresses):
+        where a walk through a library's memory starts;
+      - the ELF header's magic number or DT_GNU_HASH in host code or data (magic_numbers): what
+        a walk looks for to find a library's symbols;
+      - <elf.h>, <link.h> or <sys/auxv.h> opened (LOADER_HEADERS): the loader's structures.
+    Notes only: a page mask in host code (page_masks), headers for memory and process
+    introspection (NOTED_HEADERS), and what the source text shows (text_notes)."""
+    from .build import HEADERS_RECORD, STUDENT_OBJECT
+    obj = Path(build_dir) / STUDENT_OBJECT
+    elf = read_elf(obj)
+    review = [ReachFinding(f"{obj.name}, in {where}", f"&{function}",
+                           "a library function's address taken as data, not called")
+              for where, function in function_addresses(elf)]
+    review += [ReachFinding(f"{obj.name}, in {where}", what, "a magic number of ELF in host code")
+               for where, what in magic_numbers(elf)]
+    headers = read_headers_record(Path(build_dir) / HEADERS_RECORD)
+    review += [ReachFinding(f"{_SOURCE_NAME}, as compiled", h, "the dynamic loader's structures")
+               for h in headers if LOADER_HEADERS.search(h)]
+    notes = [f"{f.where}: {f.what}: {f.why}" for f in review]
+    notes += [f"{obj.name}, in {where}: a page mask: {insn}" for where, insn in page_masks(obj)]
+    notes += [f"{_SOURCE_NAME}, as compiled: {h}: a header for memory or process introspection"
+              for h in headers if NOTED_HEADERS.search(h)]
+    return review, notes + text_notes(source)
+
+
+# ---------------------------------------------------------------- the verdict
 
 
 def verdict(findings: list[ReachFinding], limit: int = 6) -> str:

@@ -1,7 +1,8 @@
 """Report stage: the leaderboard pages, summary, grades and feedback, from the result files.
 
 Everything here reads result JSON (never console text) and can be re-run at any time
-(`python -m grader leaderboard`).
+(`python -m grader leaderboard`). The instructors' review decisions (grader/review.py) are
+applied in one place, `reported`, and everything is rendered from what it returns.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import dataclasses
 import json
 import math
 import re
+import shlex
 import shutil
 import textwrap
 from pathlib import Path
@@ -21,6 +23,7 @@ from .exports import is_scored, why_no_grades, write_exports
 from .policy import Policy, Score, load_policy
 from .privacy import Redactor
 from .results import SubmissionResult, read_gpu_copies, read_results, write_json_atomic
+from .review import QueueEntry, apply_decisions, folders_of, load_decisions, review_queue
 from .roster import Roster, join, load_roster
 from .status import SEVERITY, Status
 
@@ -62,6 +65,7 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["ms"] = lambda v: "" if v is None else f"{v:.3f}"
     env.filters["x"] = lambda v: "" if v is None else f"{v:.2f}×"
+    env.filters["shquote"] = shlex.quote
     return env
 
 
@@ -168,6 +172,8 @@ def build_rows(results: list[SubmissionResult], *, run: dict | None = None,
         row_peak = peaks.get(own) or peak
         name = names[r.id] if (public and student and names) else r.label
         shown = redactor.student_result(r, label=name, hidden_detail=False) if public else r
+        if public and student and not r.ranked:   # the students' page shows a time only where it ranks
+            shown = dataclasses.replace(shown, timing=None)
         hidden = [c for c in r.cases if redactor.is_hidden(c)] if public else []
         rows.append(Row(
             result=shown, name=name, rank=rank if (r.ranked and student) else None,
@@ -206,7 +212,7 @@ def chart(rows: list[Row], *, width: int = 640, bar_height: int = 18, top_n: int
     """Geometry of the inline SVG, on a log scale of milliseconds: one bar for each of the `top_n`
     fastest students and each baseline, then a histogram of every timed student (so the chart
     stays one screen tall at any class size), the baselines drawn as reference lines across both."""
-    timed = [r for r in rows if r.result.timing]
+    timed = [r for r in rows if r.result.ranked]   # a time that does not rank is not drawn
     if not timed:
         return None
     times = [r.result.timing.median_ms for r in timed]
@@ -284,19 +290,42 @@ def previous_run(out_dir: Path, current: str) -> tuple[dict[str, int], list[str]
     return {}, earlier
 
 
+def reported(out_dir: Path, results: list[SubmissionResult]) -> list[SubmissionResult]:
+    """The results as every report shows them: the instructors' review decisions recorded in
+    `out_dir` applied (grader/review.py). The one place they are applied: the pages, grades,
+    exports, feedback and the terminal table all come from what this returns."""
+    return apply_decisions(results, load_decisions(out_dir))
+
+
+def review_entries(out_dir: Path, results: list[SubmissionResult], run: dict, policy: Policy, *,
+                   copies: list[SubmissionResult] | None = None,
+                   with_source: bool = True) -> list[QueueEntry]:
+    """The review queue of a run's results as graded (not yet `reported`): each row compared
+    with the library baselines of its own GPU, its source read from the folder the run file
+    records."""
+    if copies is None:
+        copies = read_gpu_copies(out_dir, run) if run_gpus(run) else []
+    by_gpu = baselines_by_gpu(results, copies) if run_gpus(run) else {}
+    return review_queue(results, load_decisions(out_dir), top=policy.review_top, by_gpu=by_gpu,
+                        folders=folders_of(run), with_source=with_source)
+
+
 def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool = False,
                   roster: Path | Roster | None = None,
                   results: list[SubmissionResult] | None = None) -> dict[str, Path]:
-    """Render everything from the result files in `out_dir`; with `archive`, keep a copy of this
-    run's summary and pages in history/<run id>/; with a `roster` (a CSV path or a loaded one),
-    join the students to it (missing and extra submissions listed). Returns the paths written."""
+    """Render everything from the result files in `out_dir` (`results`: the caller's, as read,
+    decisions not applied); with `archive`, keep a copy of this run's summary and pages in
+    history/<run id>/; with a `roster` (a CSV path or a loaded one), join the students to it
+    (missing and extra submissions listed). Returns the paths written."""
     policy = policy or load_policy()
     roster = load_roster(roster) if isinstance(roster, (str, Path)) else roster
     run = json.loads((out_dir / RUN_FILE).read_text())
-    results = read_results(out_dir) if results is None else results   # the caller's, if read
+    graded = read_results(out_dir) if results is None else results
+    copies = read_gpu_copies(out_dir, run) if run_gpus(run) else []   # baselines on other GPUs
+    queue = review_entries(out_dir, graded, run, policy, copies=copies)
+    results = reported(out_dir, graded)
     current = run_id(run)
     previous, earlier = previous_run(out_dir, current)
-    copies = read_gpu_copies(out_dir, run) if run_gpus(run) else []   # baselines on other GPUs
     rows = build_rows(results, run=run, policy=policy, previous=previous, gpu_copies=copies)
     public_rows = build_rows(results, run=run, policy=policy, previous=previous, public=True,
                              gpu_copies=copies)
@@ -306,10 +335,11 @@ def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool 
     joined = join(roster, [r for r in rows if r.result.role == "student"]) if roster else None
     paths = dict(summary=out_dir / SUMMARY_FILE, leaderboard=out_dir / "leaderboard.html",
                  students=out_dir / "leaderboard-students.html")
-    write_json_atomic(paths["summary"], summary(rows, run, gpus=gpus))
+    write_json_atomic(paths["summary"], summary(rows, run, gpus=gpus, review=queue))
     history = [dict(id=h, href=f"{HISTORY_DIR}/{h}/leaderboard.html") for h in earlier]
     _write_text_atomic(paths["leaderboard"], render_leaderboard(rows, run, history=history, joined=joined,
-                                                                gpus=gpus))
+                                                                gpus=gpus, review=queue,
+                                                                review_top=policy.review_top))
     _write_text_atomic(paths["students"], render_leaderboard(public_rows, run, history=[], public=True,
                                                              missing=len(joined.missing) if joined else 0,
                                                              gpus=public_gpus))
@@ -322,13 +352,17 @@ def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool 
     return paths
 
 
-def summary(rows: list[Row], run: dict, *, gpus: dict | None = None) -> dict:
+def summary(rows: list[Row], run: dict, *, gpus: dict | None = None,
+            review: list[QueueEntry] = ()) -> dict:
     counts = {s.value: 0 for s in Status}
     for row in rows:
         if row.result.role == "student":
             counts[row.result.status.value] += 1
     extra = dict(gpus=gpus) if gpus else {}
-    return dict(run=run, counts=counts, **extra, rows=[dict(
+    return dict(run=run, counts=counts, **extra, review=[dict(
+        id=e.id, status=e.result.status.value, graded=e.graded.value, rank=e.rank,
+        reasons=list(e.reasons), pending=e.pending, stale=e.stale,
+        decision=e.decision.to_dict() if e.decision else None) for e in review], rows=[dict(
         rank=r.rank, previous_rank=r.previous_rank, id=r.result.id, label=r.result.label,
         role=r.result.role, status=r.result.status.value, message=r.result.message,
         median_ms=r.result.timing.median_ms if r.result.timing else None,
@@ -340,10 +374,15 @@ def summary(rows: list[Row], run: dict, *, gpus: dict | None = None) -> dict:
 
 
 def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], public: bool = False,
-                       joined=None, missing: int = 0, gpus: dict | None = None) -> str:
+                       joined=None, missing: int = 0, gpus: dict | None = None,
+                       review: list[QueueEntry] = (), review_top: int = 10) -> str:
     """The page. `public`: the students' page (its rows from build_rows(public=True)), notes
     scrubbed of paths; `joined`: the roster join, listed on the instructors' page; `gpus`: a run
-    on several GPUs (gpu_agreement): a GPU column, and how far the GPUs disagree."""
+    on several GPUs (gpu_agreement): a GPU column, and how far the GPUs disagree; `review`: the
+    review queue (review_entries), on the instructors' page only: the students' page never
+    shows it, nor any source."""
+    if public:
+        review = ()
     notes = scope_notes(run, public=public)
     if gpus:
         notes.append(gpus["line"])
@@ -353,7 +392,8 @@ def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], publi
     return environment().get_template("leaderboard.html.j2").render(
         rows=rows, run=run, cases=run["cases"], notes=notes, Status=Status, chart=chart(rows),
         history=history, public=public, joined=joined, counts_line=counts_line(rows, missing),
-        gpus=gpus)
+        gpus=gpus, review=list(review), review_top=review_top,
+        review_waiting=sum(e.pending for e in review))
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -363,10 +403,19 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def terminal_table(out_dir: Path, results: list[SubmissionResult], run: dict) -> str:
-    """text_table of a run's results, with the GPU column and agreement of a run on several."""
+    """text_table of a run's results (as read: the review decisions are applied here), with the
+    GPU column and agreement of a run on several, and a last line when review results wait for
+    an instructor."""
     copies = read_gpu_copies(out_dir, run) if run_gpus(run) else []
-    return text_table(build_rows(results, run=run, gpu_copies=copies),
-                      gpus=gpu_agreement(results, copies, run))
+    shown = reported(out_dir, results)
+    table = text_table(build_rows(shown, run=run, gpu_copies=copies),
+                       gpus=gpu_agreement(shown, copies, run))
+    waiting = [e.id for e in review_queue(results, load_decisions(out_dir), top=0, with_source=False)
+               if e.pending and (e.graded is Status.REVIEW or e.stale)]
+    if waiting:
+        table += (f"\n{len(waiting)} submission{'s wait' if len(waiting) != 1 else ' waits'} for an "
+                  f"instructor's review before ranking: python -m grader review --out {out_dir}")
+    return table
 
 
 def text_table(rows: list[Row], *, width: int | None = None, missing: int = 0,

@@ -77,6 +77,27 @@ TIME_PHASES = ("open", "rtt", "warmup", "loop", "report", "spots")
 LOOP_PARTS = ("prep", "call", "readback", "verify", "helpers", "rest")
 
 @dataclasses.dataclass(frozen=True)
+class KernelShare:
+    """One kernel (or, without a GPU, operator) of the timed calls, for the review queue: how
+    often it ran, its GPU time, its share of the kernels' time, and where it is defined ('file
+    line N' of the submission's own source, 'library' for a library's, '' when unknown)."""
+    name: str
+    count: int
+    gpu_ms: float
+    share: float
+    defined_at: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelShare":
+        return cls(name=str(d["name"]), count=int(d.get("count", 0)),
+                   gpu_ms=float(d.get("gpu_ms", 0.0)), share=float(d.get("share", 0.0)),
+                   defined_at=str(d.get("defined_at", "")))
+
+
+@dataclasses.dataclass(frozen=True)
 class SubmissionResult:
     id: str
     label: str                  # display name: the student's id, or a baseline's name
@@ -103,6 +124,14 @@ class SubmissionResult:
     # The GPU its run, check and timing ran on (a run on several GPUs: one worker each); None
     # without a GPU, and in results written before GPU workers.
     gpu: GpuRef | None = None
+    # Why an instructor must look before it ranks (Status.REVIEW, grader/review.py): what the
+    # audit could not account for, each 'file line N: name (why)'. Kept whatever the status.
+    review: tuple[str, ...] = ()
+    # Unusual constructs the audit allows but an instructor reviewing it should see (C++:
+    # integers cast to pointers, inline assembly, magic numbers; each 'where: what').
+    audit_notes: tuple[str, ...] = ()
+    # The timed calls' kernels with their share of the time and where each is defined.
+    kernels: tuple[KernelShare, ...] = ()
 
     @property
     def launched(self) -> tuple[str, tuple[tuple[str, int], ...]] | None:
@@ -122,7 +151,9 @@ class SubmissionResult:
                     timing=self.timing.to_dict() if self.timing else None,
                     notes=list(self.notes), wall_s=self.wall_s, graded_at=self.graded_at,
                     key=dict(self.key), stage_s=dict(self.stage_s),
-                    **(dict(gpu=self.gpu.to_dict()) if self.gpu else {}))
+                    **(dict(gpu=self.gpu.to_dict()) if self.gpu else {}),
+                    review=list(self.review), audit_notes=list(self.audit_notes),
+                    kernels=[k.to_dict() for k in self.kernels])
 
     @classmethod
     def from_dict(cls, d: dict) -> "SubmissionResult":
@@ -141,7 +172,10 @@ class SubmissionResult:
                    graded_at=d.get("graded_at", ""),
                    key=tuple(sorted((str(k), str(v)) for k, v in (d.get("key") or {}).items())),
                    stage_s=tuple((str(k), float(v)) for k, v in (d.get("stage_s") or {}).items()),
-                   gpu=GpuRef.from_dict(d.get("gpu")))
+                   gpu=GpuRef.from_dict(d.get("gpu")),
+                   review=tuple(str(x) for x in d.get("review") or ()),
+                   audit_notes=tuple(str(x) for x in d.get("audit_notes") or ()),
+                   kernels=tuple(KernelShare.from_dict(k) for k in d.get("kernels") or ()))
 
 
 _BUILD_FIELDS = {f.name for f in dataclasses.fields(BuildResult)}

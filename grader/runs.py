@@ -21,6 +21,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from .locks import LockHeld, command_line, folder_lock, gpu_identity, gpu_lock
 from .results import (RUN_FILE, ResultUnreadable, SubmissionResult, key_digest, load_result,
                       path_for, write_json_atomic)
 from .status import Status
+from .submission import kind_of, open_regular, walk_folder
 
 GRADER_DIR = Path(__file__).resolve().parent
 SCRATCH_ENV = "GRADER_SCRATCH_DIR"   # where the run's scratch folder goes (default: /dev/shm)
@@ -52,7 +54,8 @@ def _digest(obj) -> str:
 # Modules that render, export or keep the books, and decide no result: a change to them
 # re-renders the pages but regrades nothing.
 NOT_IN_RESULTS = frozenset({"report.py", "exports.py", "gradescope.py", "feedback.py", "privacy.py",
-                            "roster.py", "progress.py", "locks.py", "reaper.py", "slurm.py"})
+                            "roster.py", "progress.py", "locks.py", "reaper.py", "slurm.py",
+                            "review.py"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,31 +70,64 @@ def grader_version() -> str:
     return h.hexdigest()[:16]
 
 
+# folder_digest hashes at most this many bytes of a folder's content (an honest folder is a few
+# source files); past it, a file counts by its size, inode and change time instead.
+DIGEST_CONTENT_BYTES = 256 << 20
+
+
 def folder_digest(folder: Path, *, hex_chars: int = 16) -> str:
     """A digest of a submission folder's content: every file's path and bytes (a symbolic
-    link's target, not what it points to), caches left out. `hex_chars`: 64 for the whole
-    SHA-256 (the build cache's address)."""
+    link's target, not what it points to; a pipe, socket or device its kind), caches left out.
+    `hex_chars`: 64 for the whole SHA-256 (the build cache's address).
+
+    Invariant: it never blocks. Entries are looked at with lstat (submission.walk_folder) and
+    only regular files are opened (submission.open_regular: no link followed, no pipe or device
+    opened), so a folder changed after intake cannot hang the run here. The bytes read are capped
+    (DIGEST_CONTENT_BYTES); past the cap, a file's size, inode and change time stand for its
+    bytes: any change to it still changes the digest, on this machine."""
     h = hashlib.sha256()
     folder = Path(folder)
     if not folder.is_dir():
         return _digest(["not a folder", str(folder)])
-    for root, dirs, files in os.walk(folder, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            path = Path(root) / name
-            rel = str(path.relative_to(folder)).encode("utf-8", "surrogateescape")
-            try:
-                if path.is_symlink():
-                    h.update(b"L" + rel + b"\0" + os.readlink(path).encode("utf-8", "surrogateescape"))
-                    continue
-                file_digest = hashlib.sha256()
-                with open(path, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        file_digest.update(chunk)
-                h.update(b"F" + rel + b"\0" + file_digest.digest())
-            except OSError as e:   # unreadable now: a different key from when it is readable
-                h.update(b"E" + rel + b"\0" + str(e.errno).encode())
+    budget = DIGEST_CONTENT_BYTES
+    for entry in walk_folder(folder, skip_dir=lambda name: name == "__pycache__"):
+        rel = entry.rel.encode("utf-8", "surrogateescape")
+        mode = entry.st.st_mode if entry.st is not None else 0
+        if stat.S_ISDIR(mode):
+            continue
+        try:
+            if entry.error is not None:
+                raise entry.error
+            if stat.S_ISLNK(mode):
+                h.update(b"L" + rel + b"\0" + os.readlink(entry.path).encode("utf-8", "surrogateescape"))
+            elif stat.S_ISREG(mode):
+                tag, payload, read = _file_digest(entry.path, budget)
+                budget -= read
+                h.update(tag + rel + b"\0" + payload)
+            else:   # never opened: a pipe's open or read could block
+                h.update(b"S" + rel + b"\0" + kind_of(mode).encode())
+        except OSError as e:   # unreadable now: a different key from when it is readable
+            h.update(b"E" + rel + b"\0" + str(e.errno).encode())
     return h.hexdigest()[:hex_chars]
+
+
+def _file_digest(path: str, budget: int) -> tuple[bytes, bytes, int]:
+    """(tag, digest, bytes read) of one regular file: b"F" and the SHA-256 of its bytes, or, for
+    a file larger than what is left of the `budget`, b"M" and its size, inode and change time."""
+    fd, st = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size <= budget:
+            digest, read = hashlib.sha256(), 0
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                read += len(chunk)
+                if read > budget:   # it grew while being read
+                    break
+                digest.update(chunk)
+            else:
+                return b"F", digest.digest(), read
+        else:
+            read = 0
+    return b"M", f"{st.st_size}:{st.st_ino}:{st.st_ctime_ns}".encode(), read
 
 
 def context_key(ctx) -> dict[str, str]:
@@ -136,10 +172,14 @@ class Entry:
     gpu: str = ""                    # a baseline's copy timed on another GPU ('gpu1'; pipeline)
 
     def roster(self, out_dir: Path) -> dict:
+        """Its line in the run file; a submission's names its folder, where the review queue
+        (grader/review.py) reads the source an instructor decides on."""
+        folder = getattr(self.sub, "path", None)
         return dict(id=self.id, role=self.role, kind=self.kind, label=self.label,
                     result=str(self.path.relative_to(out_dir)),
                     key=key_digest(self.key) if self.action != "keep" else None,
-                    **(dict(gpu=self.gpu) if self.gpu else {}))
+                    **(dict(gpu=self.gpu) if self.gpu else {}),
+                    **(dict(folder=str(folder)) if folder is not None else {}))
 
 
 def plan_run(subs, baselines: list[str], ctx, *, force: bool = False,

@@ -685,10 +685,10 @@ def _run_record(args, *, head: DeviceInfo, cases, subs, baselines, opts: SlurmOp
 def _report(out: Path, args, results, run: dict, policy) -> None:
     """The pages and exports, and the text table, exactly as a local run writes them."""
     from .__main__ import where_reports_are
-    from .report import build_rows, text_table, write_reports
+    from .report import terminal_table, write_reports
     paths = write_reports(out, archive=True, roster=getattr(args, "roster", None),
                           results=results, policy=policy)
-    print(text_table(build_rows(results, run=run)))
+    print(terminal_table(out, results, run))   # with the instructors' review decisions applied
     print(where_reports_are(paths, out))
 
 

@@ -11,6 +11,8 @@ class Status(str, enum.Enum):
     TIMEOUT = "timeout"              # a stage ran past its wall-clock limit
     MISMATCH = "mismatch"            # ran, but an output is outside the tolerance
     FLAGGED = "flagged"              # caught doing something other than the assignment
+    REVIEW = "review"                # passed, but uses code the grader cannot account for: not
+                                     # ranked until an instructor clears it (grader/review.py)
     NOT_RUN = "not_run"              # needed hardware this machine lacks (no CUDA device)
     ENVIRONMENT_ERROR = "environment_error"  # the grading machine failed, not the submission
     NO_RESULT = "no_result"          # on the run's roster, but its result file is missing or unreadable
@@ -38,6 +40,8 @@ _DESCRIPTIONS = {
     Status.TIMEOUT: "a stage ran past its time limit",
     Status.MISMATCH: "ran, but an output is outside the tolerance",
     Status.FLAGGED: "caught doing something other than the assignment",
+    Status.REVIEW: ("passed its cases, but uses code the grader cannot account for: not ranked "
+                    "until an instructor has looked at it (this is not a cheating verdict)"),
     Status.NOT_RUN: "not run: the grading machine lacks the hardware (no CUDA device); no grade",
     Status.ENVIRONMENT_ERROR: ("the grading machine failed (a module it should have, or its GPU), "
                                "not your submission: it is not your fault and it is not graded; "
@@ -50,7 +54,8 @@ _DESCRIPTIONS = {
 # Worst first: when several cases fail differently, the submission's status is the worst one. A
 # failure of the machine outranks the submission's own: its other verdicts may be its effects.
 SEVERITY = [Status.FLAGGED, Status.ENVIRONMENT_ERROR, Status.BUILD_ERROR, Status.TIMEOUT,
-            Status.RUNTIME_ERROR, Status.MISMATCH, Status.NO_RESULT, Status.NOT_RUN, Status.PASS]
+            Status.RUNTIME_ERROR, Status.MISMATCH, Status.REVIEW, Status.NO_RESULT, Status.NOT_RUN,
+            Status.PASS]
 
 
 def worst(statuses) -> Status:

@@ -114,7 +114,10 @@ def hidden_cases() -> list[dict[str, int]]:
     for line in (ROOT / "test_cases" / "hidden.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            cases.append({k.strip(): int(v) for k, v in (f.split(":") for f in line.split(";"))})
+            fields = {k.strip(): v.strip() for k, v in (f.split(":") for f in line.split(";"))}
+            # sizes and seeds are whole numbers; rtol, atol and qk_std need not be
+            cases.append({k: float(v) if k in ("rtol", "atol", "qk_std") else int(v)
+                          for k, v in fields.items()})
     return cases
 
 
@@ -125,7 +128,7 @@ def shape_patterns(cases: list[dict[str, int]]) -> list[tuple[str, re.Pattern]]:
     pats = []
     for c in cases:
         b, h, s, d, seed = (c["batch_size"], c["num_heads"], c["seq_len"], c["head_dim"], c["seed"])
-        pats.append((f"case id b{b}_h{h}_s{s}_d{d}", re.compile(rf"\bb{b}_h{h}_s{s}_d{d}\b")))
+        pats.append((f"case id b{b}_h{h}_s{s}_d{d}", re.compile(rf"\bb{b}_h{h}_s{s}_d{d}(?![0-9])")))
         pats.append((f"shape ({b}, {h}, {s}, {d})",
                      re.compile(rf"\(\s*{b}\s*,\s*{h}\s*,\s*{s}\s*,\s*{d}\s*\)")))
         pats.append((f"seed {seed}", re.compile(rf"\bseed\b[\"'`]?\s*[:=]?\s*{seed}\b", re.I)))
@@ -133,7 +136,7 @@ def shape_patterns(cases: list[dict[str, int]]) -> list[tuple[str, re.Pattern]]:
             key = r"(?:seq_?len|seqlen|sequence lengths?|S|N)"
             pats.append((f"seq_len {s}", re.compile(
                 rf"\b{key}[\"'`]?\s*(?:[:=]|of|is)?\s*(?:\d+\s*,\s*)*{s}\b", re.I)))
-            pats.append((f"seq_len {s} in an id", re.compile(rf"_s{s}_d\d+\b")))
+            pats.append((f"seq_len {s} in an id", re.compile(rf"_s{s}_d\d+(?![0-9])")))
     return pats
 
 

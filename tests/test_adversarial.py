@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ import pytest
 from grader import config
 from grader.sandbox import Sandbox, default_layout
 
-from .adversarial.assemble import EXPECTED, INCLUDE, assemble, names
+from .adversarial.assemble import EXPECTED, INCLUDE, assemble, fifos, names
 from .adversarial.verdicts import TWIN_RULES, gpu_finding, median
 from .conftest import EXAMPLES, cuda_available, has_nvcc
 
@@ -53,11 +54,14 @@ def test_assembled_submissions_are_standalone(tmp_path):
     assert sorted(f.name for f in folders) == sorted(names())
     for folder in folders:
         files = {p.name for p in folder.iterdir()}
+        pipes = set(fifos(folder.name))   # named_pipe_py: made by assemble, never in git
+        assert all(stat.S_ISFIFO((folder / p).lstat().st_mode) for p in pipes), folder
+        files -= pipes
         if "submission.cu" in files:
             assert INCLUDE not in (folder / "submission.cu").read_text()
             assert files == {"submission.cu"}
-        else:
-            assert files == {"submission.py", "honest_flash.py"}
+        else:   # a data file beside them is the attack's (audit_datafile_py's notes.dat)
+            assert files - {"notes.dat", "torch_kernels.cuh"} == {"submission.py", "honest_flash.py"}, folder
 
 
 def sandbox_or_skip() -> None:
@@ -110,7 +114,8 @@ def test_adversarial_without_a_gpu(tmp_path):
 
 
 def test_a_gpu_finding_names_a_wrong_verdict_and_a_log_without_its_text(tmp_path):
-    want, result = EXPECTED["import_gpu_hog_py"], dict(id="import_gpu_hog_py", status="pass")
+    want = EXPECTED["import_gpu_hog_py"]
+    result = dict(id="import_gpu_hog_py", status=want["gpu"][0])
     for stage, text in want["gpu_logs"].items():
         (tmp_path / f"import_gpu_hog_py.{stage}.log").write_text(f"loading\n{text}\n")
     assert gpu_finding(result, want, tmp_path) is None
@@ -132,7 +137,7 @@ def test_a_gpu_finding_names_a_row_faster_than_its_twin_or_not_timed_as_it(tmp_p
         "not at least 0.98 x it: more than 2% faster")
     assert "no median" in gpu_finding(row(20.0), want, tmp_path, {})   # no twin graded
     assert "no median" in gpu_finding(dict(row(None), timing=None), want, tmp_path, medians)
-    same = dict(gpu=["pass"], same_time_as="honest_py")   # within 5%, either way
+    same = dict(gpu=want["gpu"], same_time_as="honest_py")   # within 5%, either way
     assert gpu_finding(row(19.1), same, tmp_path, medians) is None
     assert "not within 5% of it" in gpu_finding(row(21.1), same, tmp_path, medians)
 

@@ -120,7 +120,8 @@ def test_a_cpu_run_reports_throughput_overhead_and_stages(tmp_path):
     assert report["device"] == "cpu" and report["date"][:4].isdigit() and report["host"]["cpus"] >= 1
     (run,) = report["runs"]
     assert (run["planned"], run["graded"], run["missing"], run["stopped"]) == (6, 6, 0, False)
-    assert run["statuses"] == {"pass": 3, "build_error": 1, "mismatch": 1, "runtime_error": 1}
+    # a kernel in numpy is off the Python audit's allowlist: right, graded, sent to review
+    assert run["statuses"] == {"review": 3, "build_error": 1, "mismatch": 1, "runtime_error": 1}
     assert run["unexpected"] == [] and run["build_cache"] == "cold" and run["builds_reused"] == 0
     assert run["submissions_per_min"] == pytest.approx(6 / run["wall_s"] * 60, rel=0.01)
     assert run["grading_s"] <= run["wall_s"]

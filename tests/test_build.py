@@ -1,7 +1,12 @@
+import json
+import os
+import shutil
+import subprocess
+
 import pytest
 
-from grader import build, config
-from grader.build import build_submission, relevant_log
+from grader import build, config, reach
+from grader.build import BuildResult, build_submission, relevant_log
 from grader.device import DeviceInfo
 from grader import sandbox as sandbox_mod
 from grader.sandbox import Sandbox
@@ -247,3 +252,103 @@ def test_every_extension_links_the_cuda_driver_from_the_stub_or_the_installed_li
         assert flags() == ()
     finally:
         build.driver_ldflags.cache_clear()
+
+
+# ---------------------------------------------------------------- what a CUDA build opened and defines
+
+
+def test_the_compile_check_asks_nvcc_for_the_files_it_opens(tmp_path):
+    cmd = build.compile_check_command(tmp_path / "cuda.cu", tmp_path / build.STUDENT_OBJECT, "m",
+                                      "90a", "nvcc", depfile=tmp_path / build.DEPFILE)
+    at = cmd.index("-MD")
+    assert cmd[at + 1:at + 3] == ["-MF", str(tmp_path / build.DEPFILE)]
+    assert "-MD" not in build.compile_check_command(tmp_path / "cuda.cu", tmp_path / "x.o", "m",
+                                                    "90a", "nvcc")
+
+
+def test_a_dependency_file_is_read_as_make_reads_it():
+    text = ("/b/cuda.cuda.o : /b/cuda.cu /usr/include/a\\ b.h \\\n"
+            "    /s/$$x\\#y.h /s/c.h\n/usr/include/a\\ b.h:\n")
+    assert build.depfile_paths(text) == ["/b/cuda.cu", "/usr/include/a b.h", "/s/$x#y.h", "/s/c.h"]
+    with pytest.raises(ValueError):
+        build.depfile_paths("no rule here\n")
+
+
+# torch's ninja rule for a CUDA source (torch.utils.cpp_extension._write_ninja_file, CUDA builds),
+# with gcc in nvcc's place: ninja reads the depfile into .ninja_deps and removes it.
+TORCH_RULE = """rule cuda_compile
+  depfile = $out.d
+  deps = gcc
+  command = {compiler} -MD -MF $out.d -c $in -o $out
+build cuda.cuda.o: cuda_compile {source}
+default cuda.cuda.o
+"""
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("ninja", "gcc")), reason="needs ninja")
+def test_the_extension_build_records_what_ninja_kept_of_nvccs_dependency_list(tmp_path, capsys):
+    (tmp_path / "own.h").write_text("#define SCALE 2\n")
+    (tmp_path / "cuda.cu.c").write_text('#include "own.h"\n#include <stdint.h>\nint f(void) { return SCALE; }\n')
+    (tmp_path / "build.ninja").write_text(TORCH_RULE.format(compiler="gcc", source=tmp_path / "cuda.cu.c"))
+    subprocess.run(["ninja", "-C", str(tmp_path)], check=True, capture_output=True)
+    assert not (tmp_path / "cuda.cuda.o.d").exists()   # ninja keeps it, in .ninja_deps
+    with pytest.raises(SystemExit) as ended:
+        build._exit_recorded(0, tmp_path, lambda: build.ninja_deps(tmp_path), "ninja -t deps",
+                             base=tmp_path)
+    assert ended.value.code == 0
+    record = reach.read_headers_record(tmp_path / build.HEADERS_RECORD)
+    assert record[0] == str(tmp_path / "cuda.cu.c") and str(tmp_path / "own.h") in record
+    assert any(h.endswith("/stdint.h") for h in record)
+    # a rule that asked for no dependency list: no record, said, and the compile's own exit
+    (tmp_path / build.HEADERS_RECORD).unlink()
+    (tmp_path / "build.ninja").write_text(TORCH_RULE.format(compiler="gcc", source=tmp_path / "cuda.cu.c")
+                                          .replace("  depfile = $out.d\n  deps = gcc\n", ""))
+    subprocess.run(["ninja", "-C", str(tmp_path), "-t", "recompact"], check=True, capture_output=True)
+    (tmp_path / "cuda.cuda.o").unlink()
+    subprocess.run(["ninja", "-C", str(tmp_path)], check=True, capture_output=True)
+    with pytest.raises(SystemExit) as ended:
+        build._exit_recorded(0, tmp_path, lambda: build.ninja_deps(tmp_path), "ninja -t deps",
+                             base=tmp_path)
+    assert ended.value.code == 0 and not (tmp_path / build.HEADERS_RECORD).exists()
+    assert "grader: no record of the headers the build opened" in capsys.readouterr().out
+
+
+def test_the_extension_build_has_torch_ask_nvcc_for_its_dependency_list(tmp_path, monkeypatch):
+    """torch's ninja rule asks nvcc for the list unless TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES
+    is 1 in the environment the grader inherited; the build child sets it to 0 for its own call."""
+    from torch.utils import cpp_extension
+    seen = {}
+    monkeypatch.setenv("TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "1")
+    monkeypatch.setattr(cpp_extension, "load_inline", lambda **kw: seen.update(
+        skip=os.environ["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"]))
+    monkeypatch.setattr(cpp_extension, "_import_module_from_library",
+                        cpp_extension._import_module_from_library)
+    (tmp_path / "submission.cu").write_text("// a kernel\n")
+    build.build_extension(tmp_path / "submission.cu", "m", tmp_path / "b", "90a")
+    assert seen == {"skip": "0"}
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in ("g++", "nm", "c++filt")),
+                    reason="needs g++ and binutils")
+def test_a_passing_cuda_build_carries_its_kernels_and_without_its_record_is_the_machines(tmp_path):
+    from .test_native_audit import KERNELS, kernel_object
+    kernel_object(tmp_path, KERNELS)
+    built = BuildResult(Status.PASS, "compile_only", 40.0)
+    assert [k.split("<")[0] for k in build.with_kernels(built, tmp_path).kernels] == \
+        ["void attention_kernel1", "void attention_kernel1"]
+    failed = BuildResult(Status.BUILD_ERROR, "compile_only", 4.0, message="compile failed")
+    assert build.with_kernels(failed, tmp_path) == failed
+    (tmp_path / build.HEADERS_RECORD).unlink()
+    unaudited = build.with_kernels(built, tmp_path)
+    assert unaudited.status is Status.ENVIRONMENT_ERROR and "no record of the headers" in unaudited.message
+    assert "not your fault" in unaudited.message
+
+
+def test_result_files_from_before_kernels_were_recorded_still_load():
+    old = dict(status="pass", mode="extension", elapsed_s=40.0, artifact="/b/m.so", message="",
+               log_tail="", reused=True)
+    assert BuildResult.from_dict(old) == BuildResult(Status.PASS, "extension", 40.0,
+                                                     artifact="/b/m.so", reused=True)
+    new = BuildResult(Status.PASS, "extension", 40.0, kernels=("void k<64>(float*)",),
+                      review=("cuda.cuda.o: &free",), audit_notes=("submission.cu line 3: x",))
+    assert BuildResult.from_dict(json.loads(json.dumps(new.to_dict()))) == new

@@ -201,6 +201,7 @@ def test_a_hit_reproduces_the_build_stage_and_what_the_audit_reads(tmp_path, mon
             return BuildResult(status, mode, 3.0, message="compile failed"), "error: x"
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / build.STUDENT_OBJECT).write_bytes(objects[text.split()[1]])
+        build.record_headers(build_dir, [str(sub.source)], how="test", base=build_dir)
         if mode == "extension":
             (build_dir / f"{sub.module_name}.so").write_bytes(b"module of " + sub.id.encode())
         (build_dir / "build.ninja").write_text("not cached")
@@ -280,3 +281,37 @@ def test_a_real_compile_check_is_reused_by_the_next_run(tmp_path):
     assert runs[1]["build"]["elapsed_s"] < 5 < runs[0]["build"]["elapsed_s"]
     assert runs[1]["status"] == runs[0]["status"] == "not_run"
     assert (runs[1]["message"], runs[1]["notes"]) == (runs[0]["message"], runs[0]["notes"])
+
+
+def test_a_pipe_left_in_a_build_folder_fails_the_store_and_never_blocks_it(tmp_path):
+    """A build folder is written by a sandboxed process; the grader's own process copies out of
+    it. A named pipe left where the object file belongs is not stored and does not hang the
+    grader (the old open() waited for a writer forever); a regular file beside it is stored."""
+    from .test_submission import finishes
+    cache = BuildCache(tmp_path / "cache", sandboxed=True)
+    built = fake_build(tmp_path, {"sub_a.so": b"module"})
+    os.mkfifo(built / "cuda.cuda.o")
+    why = finishes(cache.store, inputs(), built, ["sub_a.so", "cuda.cuda.o"], compile_s=1.0,
+                   log="", log_tail="", folder=built)
+    assert why.startswith("not stored") and "named pipe" in why, why
+    assert cache.restore(inputs(), tmp_path / "into") is None   # nothing half-stored
+    (built / "cuda.cuda.o").unlink()
+    (built / "cuda.cuda.o").write_bytes(b"\x7fELF object")
+    assert cache.store(inputs(), built, ["sub_a.so", "cuda.cuda.o"], compile_s=1.0, log="",
+                       log_tail="") == ""
+
+
+def test_the_cache_keeps_the_record_of_the_headers_a_build_opened(tmp_path):
+    """The reach audit reads which headers a build opened from the record beside its object
+    (build.HEADERS_RECORD); a restored build has it back, checked like every file it keeps."""
+    for mode in ("extension", "compile_only"):
+        assert build.HEADERS_RECORD in build.cached_files(mode, "sub_a")
+    cache = BuildCache(tmp_path / "cache", sandboxed=True)
+    built = fake_build(tmp_path, {"cuda.cuda.o": b"\x7fELF object"})
+    build.record_headers(built, ["/b/cuda.cu", "/usr/include/stdio.h"], how="test", base=built)
+    assert cache.store(inputs(), built, build.cached_files("compile_only", "sub_a"),
+                       compile_s=1.0, log="", log_tail="") == ""
+    into = tmp_path / "into"
+    assert cache.restore(inputs(), into) is not None
+    from grader.reach import read_headers_record
+    assert read_headers_record(into / build.HEADERS_RECORD) == ["/b/cuda.cu", "/usr/include/stdio.h"]

@@ -103,3 +103,39 @@ def test_a_cases_reference_is_computed_once_and_the_oldest_goes_past_the_cap(mon
     test_outputs.reference(CASES[0], inputs[0], "cpu")
     assert len(computed) == 3
     assert first[1] == test_outputs.reference(CASES[0], inputs[0], "cpu")[1] > 0
+
+
+# Two cases of one shape and seed, one drawn wide (qk_std: scores past ±100): other inputs, so
+# another reference, in the checker's process as well as here.
+SPREAD = [Case(batch_size=1, num_heads=2, seq_len=77, head_dim=64, seed=11),
+          Case(batch_size=1, num_heads=2, seq_len=77, head_dim=64, seed=11, qk_std=6)]
+
+
+def test_the_checker_draws_each_cases_spread(tmp_path, checker_pid):
+    """The spec carries qk_std to the checker, which draws the same wide inputs as the harness:
+    each case's right output passes, and the output of the same shape drawn N(0, 1) fails it."""
+    outs = {c.id: attention_reference(*make_inputs(c, "cpu")).half() for c in SPREAD}
+    runs = {c.id: dict(status="pass", message="", elapsed_s=0.01) for c in SPREAD}
+
+    def check(folder, swapped: bool):
+        folder.mkdir()
+        for case, other in zip(SPREAD, SPREAD[::-1]):
+            torch.save(outs[other.id if swapped else case.id], folder / f"{case.id}.pt")
+        return check_outputs(SPREAD, runs, out_dir=folder, device="cpu", limits=config.Limits(),
+                             env=child_env(cuda=False))
+    right = check(tmp_path / "a", swapped=False)
+    assert [(r.case, r.status) for r in right] == [("b1_h2_s77_d64", Status.PASS),
+                                                   ("b1_h2_s77_d64_qk6", Status.PASS)]
+    assert [r.status for r in check(tmp_path / "b", swapped=True)] == [Status.MISMATCH, Status.MISMATCH]
+
+
+def test_a_kept_reference_is_the_one_of_the_cases_spread(monkeypatch):
+    """The warm checker keeps references by what the inputs are made from: the same shape and
+    seed with another qk_std is computed anew, never served the N(0, 1) one."""
+    from grader.checks import test_outputs
+    monkeypatch.setattr(test_outputs, "_REFERENCES", type(test_outputs._REFERENCES)())
+    narrow, wide = (test_outputs.reference(c, make_inputs(c, "cpu"), "cpu") for c in SPREAD)
+    assert len(test_outputs._REFERENCES) == 2
+    assert not torch.equal(narrow[0], wide[0]) and wide[1] > narrow[1]
+    expected = attention_reference(*make_inputs(SPREAD[1], "cpu"))
+    assert torch.equal(test_outputs.reference(SPREAD[1], make_inputs(SPREAD[1], "cpu"), "cpu")[0], expected)

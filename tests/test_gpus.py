@@ -533,8 +533,9 @@ def _course_on_the_cpu(tmp_path, kernel: str, *grader_args: str,
     assert proc.returncode == 0, said[-3000:]
     assert "did not start" not in said and "grader error" not in said, said[-4000:]
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("t*.json")}
-    # on the CPU no kernel explains the timed calls' time: flagged when it is above the allowance
-    assert len(results) == 8 and {r["status"] for r in results.values()} <= {"pass", "flagged"}, said[-3000:]
+    # on the CPU no kernel explains the timed calls' time and no NVML can say why: review (or
+    # flagged, with no kernel at all) when it is above the allowance
+    assert len(results) == 8 and {r["status"] for r in results.values()} <= {"pass", "flagged", "review"}, said[-3000:]
     # every time stage says where its seconds went, its parts within it (results.TIME_PHASES)
     for name, r in results.items():
         stage_s = r["stage_s"]

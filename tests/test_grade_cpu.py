@@ -85,8 +85,10 @@ SUBMISSIONS = {
     "syntax_error": "def custom_kernel(data)\n    return data\n",
 }
 
-EXPECTED = {"correct": "pass", "zeros": "mismatch", "raises": "runtime_error", "hangs": "timeout",
-            "segfaults": "runtime_error", "noisy": "pass", "half_heads": "mismatch",
+# "correct" and "noisy" compute in numpy, which the Python audit's allowlist does not hold: right,
+# graded, and sent to review (not ranked until an instructor clears it; grader/allowlist.py).
+EXPECTED = {"correct": "review", "zeros": "mismatch", "raises": "runtime_error", "hangs": "timeout",
+            "segfaults": "runtime_error", "noisy": "review", "half_heads": "mismatch",
             "nan_row": "mismatch", "wrong_shape": "mismatch", "syntax_error": "build_error",
             "both_files": "build_error", "no_file": "build_error"}
 

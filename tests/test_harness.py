@@ -22,7 +22,7 @@ from grader.cases import Case
 from grader.inputs import make_random_inputs
 from grader.pipeline import SUBJECT
 from grader.procs import child_env
-from grader.results import LOOP_PARTS, RUN_PHASES, TIME_PHASES
+from grader.results import LOOP_PARTS, TIME_PHASES
 from grader.text import clean
 
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
@@ -146,11 +146,163 @@ def test_a_load_error_is_the_first_case_s_verdict(tmp_path):
     assert "did not load" in result["cases"][CASES[1].id]["message"]
 
 
-def test_reported_kernel_names_are_cleaned_and_bounded():
-    raw = [["\x1b[2Jevil\nname", 3, 12.5], ["ok", -1, -4], "junk", ["x"]] + [["k", 1, 1.0]] * 300
-    cleaned = harness._launched(raw)
-    assert cleaned[0] == [clean("\x1b[2Jevil\nname").replace("\n", " "), 3, 12.5]
-    assert cleaned[1] == ["ok", 0, 0.0] and len(cleaned) == 200
+def test_reported_kernel_names_are_cleaned():
+    cleaned = harness.launched([["\x1b[2Jevil\nname", 3, 12.5], ["ok", 1, 0]], "launched", 5.0)
+    assert cleaned == [[clean("\x1b[2Jevil\nname").replace("\n", " "), 3, 12.5], ["ok", 1, 0.0]]
+
+
+def protocol_error(fn, *args, **kwargs) -> str:
+    """The message of the protocol violation `fn` raises (and fails the test if it raises none)."""
+    with pytest.raises(harness.SubjectGone) as raised:
+        fn(*args, **kwargs)
+    assert raised.value.status == "runtime_error"
+    assert raised.value.message.startswith("the subject broke the protocol"), raised.value.message
+    return raised.value.message
+
+
+# Issue 30, item 5: each report that cannot be true, beside its honest twin. A launched list
+# [name, count, GPU µs] for calls that took 20 ms by the harness's clock.
+BAD_LAUNCHES = {
+    "an infinite time": (["k", 3, float("inf")], ["k", 3, 19_000.0], "GPU µs (k) is Infinity"),
+    "a NaN time": (["k", 3, float("nan")], ["k", 3, 0.0], "GPU µs (k) is NaN"),
+    "a negative count": (["k", -1, 10.0], ["k", 0, 0.0], "count (k) is -1"),
+    "a huge count": (["k", 10 ** 12, 10.0], ["k", 30_000, 10.0], "count (k) is 1000000000000"),
+    "a 400-digit count": (["k", 10 ** 400, 10.0], ["k", 30_000, 10.0], "count (k) is 1000000"),
+    "a float count": (["k", 3.0, 10.0], ["k", 3, 10.0], "count (k) is 3.0: not an integer"),
+    "a string count": (["k", "3", 10.0], ["k", 3, 10.0], "count (k) is '3': not an integer"),
+    "a bool count": (["k", True, 10.0], ["k", 1, 10.0], "count (k) is true: not an integer"),
+    "a string time": (["k", 3, "10"], ["k", 3, 10], "GPU µs (k) is '10': not a number"),
+    "longer than its calls": (["k", 3, 25_000.0], ["k", 3, 20_100.0], "GPU µs (k) is 25000.0"),
+    "not a triple": (["k", 3], ["k", 3, 1.0], "launched[1] is [\"k\", 3]"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_LAUNCHES))
+def test_a_report_that_cannot_be_true_is_a_protocol_violation_naming_the_field(what):
+    bad, honest, said = BAD_LAUNCHES[what]
+    first = ["attention_kernel", 2, 100.0]
+    assert harness.launched([first, honest], "launched", 20.0)[1][:2] == honest[:2]
+    message = protocol_error(harness.launched, [first, bad], "launched", 20.0)
+    assert said in message and "launched[1]" in message, message
+
+
+def test_every_number_a_call_s_reply_holds_is_checked():
+    """harness.call_record reads "done", "error" and "not_run" replies: each field it keeps has
+    its type and its bounds, or the reply is a protocol violation that names it."""
+    done = dict(event="done", n=1, returned=dict(type="Tensor", shape=[1, 2, 7, 64], dtype="float16",
+                                                 usable=True, device="cpu"),
+                launched=[["aten::copy_", 2, 0.0]], peak_memory_bytes=4096)
+    record = harness.call_record(done, "cpu", elapsed=0.02)
+    assert record["status"] == "pass" and record["peak_memory_bytes"] == 4096
+    assert record["returned"] == dict(type="Tensor", shape=[1, 2, 7, 64], dtype="float16")
+    limit = harness.memory_bytes("cpu")
+    for field, value, said in [
+            ("peak_memory_bytes", limit + 1, "peak_memory_bytes is"),
+            ("peak_memory_bytes", -5, "peak_memory_bytes is -5"),
+            ("peak_memory_bytes", 1.5, "not an integer"),
+            ("returned", "Tensor", "returned is 'Tensor'"),
+            ("returned", dict(type="Tensor", shape=5, dtype="float16"), "returned.shape is 5"),
+            ("returned", dict(type="Tensor", shape=[1, -2, 7, 64], dtype="float16"),
+             "returned.shape[1] is -2"),
+            ("returned", dict(type="Tensor", shape=[1, 2, 7, 64], dtype=16), "returned.dtype is 16"),
+            ("launched", {"k": 1}, "launched is"),
+            ("launched", [["k", 1, 0.0]] * 201, "a list of 201"),
+            ("event", "finished", "event is 'finished'")]:
+        message = protocol_error(harness.call_record, dict(done, **{field: value}), "cpu", 0.02)
+        assert said in message, (field, value, message)
+    # an error reply: its context_alive is true or false, nothing else
+    error = dict(event="error", n=1, error="ValueError", message="no", context_alive=False)
+    assert harness.call_record(error, "cpu", 0.02)["context_lost"] is True
+    assert "context_alive is 'no'" in protocol_error(
+        harness.call_record, dict(error, context_alive="no"), "cpu", 0.02)
+    not_run = dict(event="not_run", n=1, message="compiled", launched=[["k", 1, 0.0]])
+    assert harness.call_record(not_run, "cpu", 0.02)["status"] == "not_run"
+    protocol_error(harness.call_record, dict(not_run, launched=[["k", 1, 1e300]]), "cpu", 0.02)
+
+
+def test_a_reply_is_json_with_finite_numbers_only():
+    """json.loads takes NaN, Infinity and 1e999 (as inf) unless told not to, and raises errors
+    that are not JSONDecodeError on a 5000-digit integer or deep nesting: each is a protocol
+    violation here, not a number kept or a crash of the trusted process."""
+    assert harness.parse_reply(b'{"event": "done", "n": 3, "x": [1.5, -2, 1e300]}')["x"][2] == 1e300
+    for line in (b'{"x": NaN}', b'{"x": Infinity}', b'{"x": -Infinity}', b'{"x": 1e999}',
+                 b'{"x": -1e999}'):
+        assert "its reply's x is" in protocol_error(harness.parse_reply, line), line
+    # the field is named, wherever it is
+    said = protocol_error(harness.parse_reply, b'{"launched": [["k", 1, 2.5], ["x", 3, Infinity]]}')
+    assert said.endswith("its reply's launched[1][2] is Infinity: not a finite number"), said
+    # a NaN followed by what the parser cannot take is still a protocol violation, not a crash
+    assert "its reply's number is NaN" in protocol_error(
+        harness.parse_reply, b'[NaN, ' + b"[" * 100_000 + b"]" * 100_000 + b"]")
+    for line in (b'{"x": 1' + b"0" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000,
+                 b"\xff\xfe", b'{"x": 1', b"[1, 2]"):
+        protocol_error(harness.parse_reply, line)
+
+
+def test_sequence_numbers_are_integers_and_a_bad_one_never_crashes_the_harness():
+    link = harness.Link.__new__(harness.Link)
+    link.awaiting, link.diagnostics = {4}, {}
+    # n = [4] is not hashable: it once raised TypeError in the harness itself
+    assert not link._set_aside(dict(event="diagnostics", n=[4], subject_ms=1.0))
+    assert not link._set_aside(dict(event="diagnostics", n=4.0, subject_ms=1.0))
+    assert link._set_aside(dict(event="diagnostics", n=4, subject_ms=2, t_line=10 ** 40,
+                                t_synced=float("1e300"), junk=3))
+    # a diagnostic is only shown: what cannot be a time is dropped, the rest kept as floats
+    assert link.diagnostics == {4: {"subject_ms": 2.0}}
+    assert harness.Link._in_sequence(dict(n=1), 1) == dict(n=1)
+    for n in (True, 1.0, "1", None):
+        protocol_error(harness.Link._in_sequence, dict(n=n), 1)
+
+
+REPORTS_INFINITY = """
+    import sys
+    loop = sys.modules["__main__"]          # grader/subject/loop.py, run as a script
+    honest = loop.launched_names
+    def forged(prof, device):               # its kernels' times, one made infinite
+        return [[name, count, float("inf")] for name, count, us in honest(prof, device)]
+    loop.launched_names = forged
+    def custom_kernel(data):
+        return data[2] * 1
+"""
+
+
+def test_an_infinite_time_from_the_subject_is_a_runtime_error_naming_the_field(tmp_path):
+    """End to end through the pipe: json.dumps writes inf as Infinity; the harness's parser
+    refuses it and the case is a runtime_error that says why. Its honest twin, the same
+    submission with the subject's list untouched, passes."""
+    result = run(tmp_path / "forged", REPORTS_INFINITY)
+    assert statuses(result) == ["runtime_error"] * 3
+    message = result["cases"][CASES[0].id]["message"]
+    assert "broke the protocol: its reply's launched[0][2] is Infinity: not a finite number" in message
+    assert "not run: the subject broke the protocol during case" in result["cases"][CASES[1].id]["message"]
+    twin = run(tmp_path / "twin", "def custom_kernel(data):\n    return data[2] * 1\n")
+    assert statuses(twin) == ["pass"] * 3
+
+
+LONGER_THAN_ITS_CALLS = """
+    import sys
+    loop = sys.modules["__main__"]
+    profile = loop.Subject.profile
+    def forged(self, on):                   # the timed loop's kernels, each said to take 1 hour
+        reply = profile(self, on)
+        if not on:
+            reply["kernels"] = [[k[0], k[1], 3.6e9] for k in reply["kernels"]]
+        return reply
+    loop.Subject.profile = forged
+    def custom_kernel(data):
+        return data[2] * 1
+"""
+
+
+def test_a_kernel_said_to_run_longer_than_the_timed_calls_is_a_runtime_error(tmp_path):
+    """The timed loop's kernels can explain no more time than the calls took by the harness's
+    clock: an hour of GPU time over seconds of calls ends the time stage as a runtime_error
+    naming the field; the honest twin is test_a_timed_call_is_answered_first_and_described_after."""
+    record = harness.time_case(time_spec(tmp_path, LONGER_THAN_ITS_CALLS, max_calls=3))
+    assert record["failed"]["status"] == "runtime_error", record
+    message = record["failed"]["message"]
+    assert "its reply's kernels[0] GPU µs" in message and "3600000000.0" in message, message
+    assert "no kernel runs longer than the" in message and "that the report covers" in message
 
 
 def test_output_problem_names_type_shape_and_dtype():
@@ -665,3 +817,148 @@ def test_a_gpu_worker_s_next_harness_is_started_while_the_last_one_works(tmp_pat
     pipeline.take_harness(env, None).close()
     assert pipeline._SPARE.harness is None
 
+
+
+# ---------------------------------------------------------------- how busy the GPU was (NVML)
+
+GRADER, SUBJECT_PID, HELPER, STRANGER = 100, 200, 201, 300
+
+
+def grid_samples(busy: dict[int, float], periods: int = 10, start_us: int = 1_000_000,
+                 period_us: int = 100_000) -> tuple[dict, dict]:
+    """NVML-like samples over `periods` periods from start_us: each pid in `busy` at its
+    percent in every period, the whole GPU at their sum (the processes take turns on it)."""
+    device, processes = {}, {}
+    for i in range(periods + 1):
+        t = start_us + i * period_us
+        device[t] = min(sum(busy.values()), 100.0)
+        processes.update({(t, pid): percent for pid, percent in busy.items() if percent})
+    return device, processes
+
+
+def test_gpu_busy_turns_samples_into_shares_of_the_loop():
+    from grader.timing import gpu_busy
+    device, processes = grid_samples({GRADER: 10.0, SUBJECT_PID: 30.0, HELPER: 5.0, STRANGER: 20.0})
+    busy = gpu_busy(device, processes, start_us=1_000_000, end_us=2_000_000, calls=20,
+                    subject={SUBJECT_PID, HELPER}, grader={GRADER})
+    assert busy.source == "process" and busy.periods == 10 and busy.period_ms == 100.0
+    assert busy.window_ms == 1000.0 and busy.calls == 20
+    assert abs(busy.device_share - 0.65) < 1e-9 and abs(busy.subject_share - 0.35) < 1e-9
+    assert abs(busy.others_share - 0.20) < 1e-9 and busy.others_pids == (STRANGER,)
+    # a process NVML leaves out of a period was idle in it: the subject busy in half the periods
+    device, processes = grid_samples({GRADER: 10.0, SUBJECT_PID: 30.0})
+    half = {k: v for k, v in processes.items() if k[1] != SUBJECT_PID or (k[0] // 100_000) % 2}
+    device = {t: 10.0 + (30.0 if (t, SUBJECT_PID) in half else 0.0) for t in device}
+    busy = gpu_busy(device, half, start_us=1_000_000, end_us=2_000_000, calls=20,
+                    subject={SUBJECT_PID}, grader={GRADER})
+    assert busy.source == "process" and abs(busy.subject_share - 0.15) < 1e-9
+
+
+def test_gpu_busy_falls_back_to_the_whole_gpu_or_says_it_cannot_tell():
+    from grader.timing import gpu_busy
+    device, processes = grid_samples({GRADER: 10.0, SUBJECT_PID: 30.0})
+    common = dict(start_us=1_000_000, end_us=2_000_000, calls=20, subject={SUBJECT_PID})
+    # no per-process samples: the whole GPU's, and why
+    busy = gpu_busy(device, None, grader={GRADER}, why="NVML: Not Supported", **common)
+    assert busy.source == "device" and abs(busy.device_share - 0.4) < 1e-9 and "Not Supported" in busy.why
+    # per-process samples naming none of the grader's pids: another pid namespace
+    busy = gpu_busy(device, processes, grader={999}, **dict(common, subject={998}))
+    assert busy.source == "device" and "pid namespace" in busy.why
+    busy = gpu_busy(device, {}, grader={GRADER}, **common)   # none at all, on a busy GPU
+    assert busy.source == "device" and "no per-process sample while the GPU was busy" in busy.why
+    idle = gpu_busy({t: 0.0 for t in device}, {}, grader={GRADER}, **common)   # an idle GPU
+    assert idle.source == "process" and idle.subject_share == idle.device_share == 0.0
+    # per-process samples that do not add up to the whole GPU's are not used
+    sparse = {k: v for k, v in processes.items() if k[0] < 1_300_000}
+    busy = gpu_busy(device, sparse, grader={GRADER}, **common)
+    assert busy.source == "device" and "disagree" in busy.why
+    # too few periods within the loop, or no whole-GPU samples at all: nothing can be told
+    short = gpu_busy(device, processes, grader={GRADER}, **dict(common, end_us=1_350_000))
+    assert short.source == "" and "only 3 of NVML's whole-GPU sampling periods" in short.why
+    none = gpu_busy(None, None, grader={GRADER}, why="pynvml is not installed", **common)
+    assert none.source == "" and none.why.startswith("pynvml is not installed")
+    # samples outside the loop do not count; a period that lost its samples (a gap) is left out
+    device[2_500_000] = 100.0
+    gapped = {t: p for t, p in device.items() if not 1_400_000 < t < 1_800_000}
+    busy = gpu_busy(gapped, None, grader={GRADER}, **common)
+    assert busy.periods == 6 and busy.sampled_ms == 600.0 and abs(busy.device_share - 0.4) < 1e-9
+
+
+def fake_nvml(pids_of, busy_of):
+    """A sampling source for harness.read_gpu_samples: a sample every 20 ms of the wall clock up
+    to now, after `since_us`; each pid that pids_of() gives is busy at busy_of(pid) percent."""
+    def read(since_us: int):
+        device, processes = [], []
+        t = (since_us // 20_000 + 1) * 20_000
+        while t <= harness._wall_us():
+            shares = {pid: busy_of(pid) for pid in pids_of()}
+            device.append((t, min(sum(shares.values()), 100.0)))
+            processes += [(t, pid, p) for pid, p in shares.items() if p]
+            t += 20_000
+        return harness.GpuSamples(device=tuple(device), processes=tuple(processes))
+    return read
+
+
+def test_the_timed_loop_records_how_busy_nvml_saw_the_gpu_and_for_whom(tmp_path, monkeypatch):
+    """harness.BusyWatch, with a sampling source standing in for NVML: the loop's window, its
+    calls, and the shares of the subject's processes (host pids found from the harness) and of
+    the harness itself, which is not the submission's."""
+    me = os.getpid()
+    monkeypatch.setattr(harness, "read_gpu_samples", fake_nvml(
+        lambda: procs.process_tree(me), lambda pid: 10.0 if pid == me else 60.0))
+    source = "import time\ndef custom_kernel(data):\n    time.sleep(0.05)\n    return data[2] * 1\n"
+    record = harness.time_case(time_spec(tmp_path, source, max_calls=8))
+    assert "failed" not in record, record
+    busy = record["gpu_busy"]
+    assert busy["source"] == "process" and busy["calls"] == 8, busy
+    assert busy["window_ms"] >= 8 * 50 and busy["periods"] >= 10, busy
+    assert abs(busy["subject_share"] - 0.6) < 0.01 and busy["others_share"] == 0.0, busy
+    # a source that cannot read anything says why, and the record says nothing can be told
+    monkeypatch.setattr(harness, "read_gpu_samples",
+                        lambda since_us: harness.GpuSamples(why="NVML: Not Supported"))
+    record = harness.time_case(time_spec(tmp_path, source, max_calls=3, name="unread"))
+    assert record["gpu_busy"]["source"] == "" and "Not Supported" in record["gpu_busy"]["why"]
+
+
+def test_reading_nvml_never_raises(monkeypatch):
+    """read_gpu_samples without pynvml, and with an NVML that fails or has no samples yet."""
+    import builtins
+    import types
+    real_import = builtins.__import__
+
+    def without_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_pynvml)
+    assert "not installed" in harness.read_gpu_samples(0).why
+    monkeypatch.setattr(builtins, "__import__", real_import)
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            super().__init__(f"NVML error {value}")
+            self.value = value
+
+    def fails(*args):
+        raise NVMLError(3)   # NVML_ERROR_NOT_SUPPORTED
+
+    def nothing_yet(*args):
+        raise NVMLError(6)   # NVML_ERROR_NOT_FOUND: no sample since the time asked for
+
+    fake = types.SimpleNamespace(NVML_ERROR_NOT_FOUND=6, NVML_GPU_UTILIZATION_SAMPLES=1,
+                                 nvmlDeviceGetSamples=fails, nvmlDeviceGetProcessUtilization=nothing_yet)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setitem(harness._NVML, "handle", "gpu0")
+    got = harness.read_gpu_samples(0)
+    assert got.device is None and got.processes == () and "NVML error 3" in got.why
+    fake.nvmlDeviceGetSamples = lambda h, kind, since: (1, [types.SimpleNamespace(
+        timeStamp=since + 5, sampleValue=types.SimpleNamespace(uiVal=42))])
+    fake.nvmlDeviceGetProcessUtilization = lambda h, since: [types.SimpleNamespace(
+        timeStamp=since + 5, pid=7, smUtil=40)]
+    got = harness.read_gpu_samples(10)
+    assert got == harness.GpuSamples(device=((15, 42.0),), processes=((15, 7, 40.0),))
+    monkeypatch.delitem(harness._NVML, "handle")
+    fake.nvmlInit = fails
+    if not torch.cuda.is_available():   # no GPU: said, not raised
+        assert "no CUDA device" in harness.read_gpu_samples(0).why

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 import zipfile
 from pathlib import Path
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from grader import config
-from grader.intake import DropError, Skipped, gradescope_submitters, open_drop, parse_yaml, unpack
+from grader.intake import (ArchiveRejected, DropError, Skipped, canvas_student,
+                           gradescope_submitters, open_drop, parse_yaml, student_folder, unpack)
 from grader.submission import Kind
+
+from .test_submission import finishes, honest, unblock
 
 CU = "torch::Tensor flash_attention_forward(torch::Tensor Q, torch::Tensor K, torch::Tensor V) { return Q; }\n"
 PY = "def custom_kernel(data):\n    return data[0]\n"
@@ -358,3 +362,169 @@ def test_a_second_run_never_unpacks_over_the_drop_a_first_is_grading(tmp_path):
         assert not (build / "drop").exists() and "Traceback" not in proc.stderr
     finally:
         held.release()
+
+
+# ---------------------------------------------------------------- special files (issue 30)
+
+
+def _special_members(kind: str) -> dict[str, tuple[str, str]]:
+    """Archive members that are not plain files: name -> (what it is, the text its refusal has)."""
+    members = {"fifo": ("helper.py", "a named pipe (FIFO)"),
+               "device": ("null", "a character device"),
+               "zero": ("data.bin", "link"), "other": ("submission.py", "link"),
+               "passwd": ("notes.txt", "link")}
+    if kind == "tar.gz":
+        members["hard"] = ("copy.py", "link")
+    return members
+
+
+def _hostile_tar(path: Path, special: str) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in {"submission.py": PY, "helper.py": PY}.items():
+            if special in ("fifo", "other", "hard") and name == _special_members("tar.gz")[special][0]:
+                continue
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data.encode()))
+        info = tarfile.TarInfo(_special_members("tar.gz")[special][0])
+        if special == "fifo":
+            info.type = tarfile.FIFOTYPE
+        elif special == "device":
+            info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 3
+        elif special == "hard":
+            info.type, info.linkname = tarfile.LNKTYPE, "/etc/passwd"
+        else:
+            info.type = tarfile.SYMTYPE
+            info.linkname = {"zero": "/dev/zero", "other": "../other_student/submission.py",
+                             "passwd": "/etc/passwd"}[special]
+        tf.addfile(info)
+    return path
+
+
+def _hostile_zip(path: Path, special: str) -> Path:
+    name = _special_members("zip")[special][0]
+    files = {n: PY for n in ("submission.py", "helper.py") if n != name}
+    _zip(path, files)
+    with zipfile.ZipFile(path, "a") as zf:
+        info = zipfile.ZipInfo(name)
+        if special == "fifo":
+            info.external_attr = (stat.S_IFIFO | 0o644) << 16
+        elif special == "device":
+            info.external_attr = (stat.S_IFCHR | 0o644) << 16
+        else:
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        target = {"zero": "/dev/zero", "other": "../other_student/submission.py",
+                  "passwd": "/etc/passwd"}.get(special, "")
+        zf.writestr(info, target)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "zip"])
+def test_an_archive_with_a_pipe_a_device_or_a_link_is_refused_naming_it(tmp_path, kind):
+    """A student's archive and a whole drop's: nothing of one that holds a pipe, a device or a
+    link is unpacked; the student's row names the member and the fix, the drop's error too."""
+    make = _hostile_tar if kind == "tar.gz" else _hostile_zip
+    for special, (name, what) in _special_members(kind).items():
+        drop = tmp_path / special / "drop"
+        drop.mkdir(parents=True)
+        make(drop / f"mallory.{kind}", special)
+        _zip(drop / "alice.zip", {"alice/submission.py": PY})   # the honest twin, beside it
+        dropped = finishes(open_drop, drop, scratch=tmp_path / special / "build")
+        subs = {s.id: s for s in dropped.submissions}
+        assert subs["alice"].kind is Kind.PYTHON, special
+        mallory = subs["mallory"]
+        assert mallory.kind is Kind.INVALID, special
+        assert repr(name) in mallory.problem and what in mallory.problem, mallory.problem
+        assert "remove it" in mallory.problem, mallory.problem
+        kept = [p for p in (tmp_path / special / "build").rglob("*") if not p.is_dir()]
+        assert [p.parent.name for p in kept] == ["alice"], (special, kept)   # nothing of mallory's
+        with pytest.raises(DropError, match=what.replace("(", r"\(").replace(")", r"\)")):
+            open_drop(drop / f"mallory.{kind}", scratch=tmp_path / special / "whole")
+
+
+def test_a_drop_folder_with_pipes_and_links_out_grades_everyone_else(tmp_path):
+    """A named pipe or a link out of the folder anywhere in a student's folder (top, nested, or
+    an archive that is a link to another student's) refuses that student, names the entry, and
+    every other student is still read: nothing blocks."""
+    drop = tmp_path / "drop"
+    honest(drop / "alice")
+    _zip(drop / "alice" / "alice.zip", {"submission.py": PY})
+    honest(drop / "mallory")
+    os.mkfifo(drop / "mallory" / "helper.py.fifo")
+    honest(drop / "nick" / "hw4")
+    os.mkfifo(drop / "nick" / "notes")                               # beside the nested folder
+    (drop / "oscar").mkdir()
+    (drop / "oscar" / "oscar.zip").symlink_to("../alice/alice.zip")   # another student's archive
+    honest(drop / "peggy")
+    (drop / "peggy" / "submission.py").unlink()
+    (drop / "peggy" / "submission.py").symlink_to("../alice/submission.py")
+    os.mkfifo(drop / "stray")                                        # the drop's own: listed
+    dropped = finishes(open_drop, drop, scratch=tmp_path / "build", folder=drop)
+    subs = {s.id: s for s in dropped.submissions}
+    assert subs["alice"].kind is Kind.PYTHON   # the honest twin: its own archive beside it is a file
+    problems = {sid: subs[sid].problem for sid in ("mallory", "nick", "oscar", "peggy")}
+    assert all(subs[sid].kind is Kind.INVALID for sid in problems), problems
+    assert "helper.py.fifo: a named pipe (FIFO)" in problems["mallory"]
+    assert "notes: a named pipe (FIFO)" in problems["nick"]
+    assert "oscar.zip: a symbolic link to '../alice/alice.zip', outside" in problems["oscar"]
+    assert "submission.py: a symbolic link to '../alice/submission.py', outside" in problems["peggy"]
+    assert {s.entry for s in dropped.skipped} == {"stray"}
+
+
+def test_readers_of_a_drop_never_block_on_a_pipe_put_where_a_file_was(tmp_path):
+    """The second line, for what intake itself reads (a folder changed after it was listed):
+    an archive, Gradescope's metadata and a Canvas upload that are pipes are refused, not read."""
+    os.mkfifo(tmp_path / "a.zip")
+    with pytest.raises(ArchiveRejected, match=r"is a named pipe \(FIFO\), not a regular file; remove it"):
+        finishes(unpack, tmp_path / "a.zip", tmp_path / "out", config.STUDENT_ARCHIVE, folder=tmp_path)
+    os.mkfifo(tmp_path / "submission_metadata.yml")
+    with pytest.raises(OSError):
+        finishes(gradescope_submitters, tmp_path / "submission_metadata.yml", folder=tmp_path)
+    os.mkfifo(tmp_path / "ana_1_2_helper.py")
+    _file(tmp_path / "ana_1_2_submission.py", PY)
+    uploads = [(2, "helper.py", tmp_path / "ana_1_2_helper.py"),
+               (2, "submission.py", tmp_path / "ana_1_2_submission.py")]
+    sub, skipped = finishes(canvas_student, "ana_1", uploads, tmp_path / "scratch",
+                            config.STUDENT_ARCHIVE, folder=tmp_path)
+    assert sub.kind is Kind.PYTHON
+    assert [s.reason for s in skipped] == ["a named pipe (FIFO), not a regular file: not copied"]
+
+
+def test_a_student_folder_holding_one_archive_is_checked_before_it_is_unpacked(tmp_path):
+    folder = tmp_path / "drop" / "oscar"
+    folder.mkdir(parents=True)
+    _zip(tmp_path / "drop" / "bob" / "bob.zip", {"submission.py": PY})
+    (folder / "oscar.zip").symlink_to(tmp_path / "drop" / "bob" / "bob.zip")
+    found = student_folder(folder, "oscar", tmp_path / "build", config.STUDENT_ARCHIVE)
+    assert found.kind is Kind.INVALID and "oscar.zip: a symbolic link" in found.problem
+    assert not (tmp_path / "build").exists()   # bob's archive was never unpacked as oscar's
+
+
+def test_grading_goes_on_past_a_folder_with_a_named_pipe(tmp_path):
+    """Through the command line, as `make adversarial` grades tests/adversarial/named_pipe_py:
+    the run finishes, the student with the pipe gets build_error naming it, the others a row."""
+    import json
+    import subprocess
+    import sys
+    drop = tmp_path / "drop"
+    honest(drop / "alice")
+    honest(drop / "mallory")
+    (drop / "mallory" / "helper.py").unlink()
+    (drop / "mallory" / "submission.py").write_text(PY)
+    os.mkfifo(drop / "mallory" / "helper.py")
+    cases = tmp_path / "cases.txt"
+    cases.write_text("batch_size: 1; num_heads: 1; seq_len: 1; head_dim: 64; seed: 1\n")
+    out = tmp_path / "results"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(drop), "--out", str(out),
+                               "--build-dir", str(tmp_path / "build"), "--cases", str(cases),
+                               "--no-hidden", "--cpu", "--no-solution", "--no-baselines"],
+                              capture_output=True, text=True, cwd=config.REPO_ROOT, timeout=300)
+    except subprocess.TimeoutExpired:
+        unblock(drop)
+        pytest.fail("the grader hung on a named pipe in a submission folder")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mallory = json.loads((out / "mallory.json").read_text())
+    assert mallory["status"] == "build_error"
+    assert "helper.py: a named pipe (FIFO)" in mallory["message"] and "Remove them" in mallory["message"]
+    assert json.loads((out / "alice.json").read_text())["status"] != "build_error"

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from grader.integrity import (PEAK_MARGIN, classify_launched, kernel_base_name,
                               own_kernel_names, static_evidence, tampering_lines, timing_findings)
+from grader.submission import FILE_MARK
 from grader.timing import TimingStats
 
-SOURCE = """
+# read_sources' text of a folder with a C++ file and a Python file (FILE_MARK starts each file)
+SOURCE = FILE_MARK + "kernels.cu\n" + """
 template <int D, int WG>
 __global__ void __launch_bounds__(WG * (128), 2)
 attention_kernel5(const half* q);
 __global__ void helper(int a);
 // __global__ void in_a_comment(int a);
+""" + FILE_MARK + "submission.py\n" + """
+import triton
 @triton.autotune(configs=[], key=["S"])
 @triton.jit
 def _attention_kernel(Q, K):
+    pass
 def softmax_warp_forward(rows):   # a plain function: no kernel
+    return '@triton.jit def in_a_string(X): pass'
 """
 
 FILL = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::Half>, "
@@ -30,6 +36,26 @@ def names(flags):
 
 def test_own_kernel_names_skip_attributes_and_find_python_kernels():
     assert own_kernel_names(SOURCE) == {"attention_kernel5", "helper", "_attention_kernel"}
+
+
+def test_cpp_kernel_names_come_from_the_object_when_there_is_one():
+    """A header nothing compiles names no kernel: with the object's kernels given, the C++
+    text is not read (a Python submission passes cpp=(): nothing of it is compiled)."""
+    compiled = ["void attention_kernel5<64, 2>(__half const*)"]
+    assert own_kernel_names(SOURCE, cpp=compiled) == {"attention_kernel5", "_attention_kernel"}
+    assert own_kernel_names(SOURCE, cpp=compiled).cpp == {"attention_kernel5"}
+    assert own_kernel_names(SOURCE, cpp=()) == {"_attention_kernel"}
+
+
+def test_python_kernel_names_come_from_the_syntax_tree_through_the_imports():
+    text = ("import triton as tr\nfrom triton import jit\nimport tilelang.language as T\n"
+            "@tr.jit\ndef a(X): pass\n@jit(do_not_specialize=[0])\ndef b(X): pass\n"
+            "def c(X): pass\nd = tr.jit(c)\n@T.prim_func\ndef e(A): pass\n"
+            "# @triton.jit\n# def f(X): pass\n")
+    assert own_kernel_names(FILE_MARK + "submission.py\n" + text, cpp=()) == \
+        {"a", "b", "c", "e_kernel"}
+    # a decorator named jit that is not Triton's makes no kernel
+    assert own_kernel_names("def jit(f):\n    return f\n@jit\ndef g(X): pass\n", cpp=()) == set()
 
 
 def test_kernel_base_name_drops_templates_arguments_and_anonymous_namespaces():
@@ -95,20 +121,101 @@ def test_an_honest_kernel_whose_kernels_explain_the_time_stands():
     assert judged(stats()) == []
 
 
-def test_time_no_observed_kernel_explains_is_flagged_with_the_numbers():
-    # the profiler was paused around a library call: its 14 ms are in the clock, not in the trace
-    [finding] = judged(stats(raw_mean=33.2, median=32.0))
-    assert finding.status == "flagged" and "GPU time unaccounted for" in finding.message
+def busy(subject_ms=None, *, loop_ms=42.0, others_ms=0.0, others=(), device_ms=None,
+         source="process", why="") -> dict:
+    """A harness's record of NVML's samples over a loop of 100 calls of loop_ms each (the call
+    and the grader's work after it): the GPU ms per call busy for the submission's processes,
+    for other processes, and for any process at all (timing.GpuBusy)."""
+    if subject_ms is None and device_ms is None:
+        return dict(source="", why=why or "pynvml (the nvidia-ml-py package) is not installed")
+    device_ms = device_ms if device_ms is not None else (subject_ms or 0.0) + others_ms + 1.0
+    return dict(source=source, why=why, window_ms=100 * loop_ms, calls=100, sampled_ms=100 * loop_ms,
+                periods=25, period_ms=166.0, device_share=device_ms / loop_ms,
+                subject_share=(subject_ms or 0.0) / loop_ms, others_share=others_ms / loop_ms,
+                others_pids=list(others))
+
+
+# The kernels seen explain 17.35 ms a call (OWN and COPY over 100 calls).
+SEEN_MS = 17.35
+
+
+def test_time_no_observed_kernel_explains_is_sent_to_review_when_nvml_cannot_tell():
+    # 14 ms a call no kernel the profiler saw explains, and nothing says whether the GPU worked
+    [finding] = judged(stats(raw_mean=33.2, median=32.0), dict(gpu_busy=busy()))
+    assert finding.status == "review" and "cannot tell whether the GPU worked" in finding.message
     assert "32.100 ms per timed call" in finding.message and "17.350 ms" in finding.message
+    assert "pynvml (the nvidia-ml-py package) is not installed" in finding.message
+    [finding] = judged(stats(raw_mean=33.2, median=32.0))   # a record from before NVML was read
+    assert finding.status == "review" and "nothing was recorded" in finding.message
     # the library's kernels count only in a calibration run (library calls allowed)
     assert judged(stats(raw_mean=33.2, median=32.0, launched=(OWN, COPY, CUDNN)),
                   library_allowed=True) == []
     assert judged(stats(raw_mean=33.2, median=32.0, launched=(OWN, COPY, CUDNN)))
 
 
-def test_a_call_that_launched_nothing_is_questioned():
+def test_gpu_work_the_profiler_did_not_see_is_flagged_with_both_numbers():
+    """The profiler was paused around a library call: NVML, read by the harness, saw the
+    submission's processes keep the GPU busy for the whole call, 14.75 ms a call more than the
+    kernels listed. Its honest twin kept the GPU busy for its kernels only."""
+    [finding] = judged(stats(raw_mean=33.2, median=32.0), dict(gpu_busy=busy(32.1)))
+    assert finding.status == "flagged" and "GPU time unaccounted for" in finding.message
+    assert "busy 32.100 ms per call" in finding.message and "17.350 ms" in finding.message
+    assert "At least 13.910 ms per call of GPU work" in finding.message    # 14.75 less NVML's margin
+    assert "a paused profiler, a library whose kernels were not listed" in finding.message
+    assert judged(stats(), dict(gpu_busy=busy(SEEN_MS))) == []
+
+
+def test_host_time_with_the_gpu_idle_is_ranked_as_time_with_a_note():
+    """Issue 30's fairness finding: a correct kernel whose host code sleeps 20 ms a call was
+    flagged "GPU time unaccounted for". NVML saw the submission's processes busy only for its
+    kernels and no other process on the GPU: the time ranks, and the page says where it went."""
+    slow = stats(raw_mean=38.2, median=37.1)
+    [finding] = judged(slow, dict(gpu_busy=busy(SEEN_MS + 0.3, loop_ms=48.0)))
+    assert finding.status == "pass" and finding.note == finding.message
+    assert finding.note.startswith("host time, ranked: 19.750 ms of the 37.100 ms per timed call")
+    # the same time with the GPU busy throughout is hidden work
+    assert judged(slow, dict(gpu_busy=busy(37.1, loop_ms=48.0)))[0].status == "flagged"
+
+
+def test_what_nvml_cannot_tell_apart_is_reviewed_never_accused():
+    slow = stats(raw_mean=38.2, median=37.1)
+    # 5.5 ms a call of GPU work beyond the kernels: within NVML's margin of the bound (a quarter
+    # of the 19.75 ms unexplained: integrity.HIDDEN_SHARE)
+    [finding] = judged(slow, dict(gpu_busy=busy(SEEN_MS + 5.5, loop_ms=48.0)))
+    assert finding.status == "review" and "between 4.540 and 6.460 ms per call" in finding.message
+    assert "up to 4.938 ms it would rank as host time" in finding.message
+    # 2.5 ms beyond, well under it: what the submission's own process adds to its kernels (the
+    # GPU run of slow_host_py: 2.0 ms a call beyond, of 27.9 unexplained): host time, ranked
+    assert judged(slow, dict(gpu_busy=busy(SEEN_MS + 2.5, loop_ms=48.0)))[0].status == "pass"
+    # another process, not the submission's, used the GPU meanwhile: it could have done the work
+    [finding] = judged(slow, dict(gpu_busy=busy(SEEN_MS, loop_ms=48.0, others_ms=6.0, others=[4242])))
+    assert finding.status == "review" and "host pids [4242]" in finding.message
+
+
+def test_the_whole_gpu_s_samples_bound_what_the_grader_s_own_work_can_hide():
+    """Without per-process samples the grader's own work between calls is in NVML's count: the
+    most hidden work is the GPU's busy time, the least that less the time between calls."""
+    slow, hidden = stats(raw_mean=38.2, median=37.1), stats(raw_mean=33.2, median=32.0)
+    whole = dict(source="device", why="NVML: Not Supported")
+    # the grader's own work (5 ms a call) may hide hidden work: review
+    [finding] = judged(slow, dict(gpu_busy=busy(device_ms=SEEN_MS + 5.0, loop_ms=48.0, **whole)))
+    assert finding.status == "review" and "its per-process samples were not used" in finding.message
+    # little of it: host time
+    [finding] = judged(slow, dict(gpu_busy=busy(device_ms=SEEN_MS + 0.2, loop_ms=48.0, **whole)))
+    assert finding.status == "pass"
+    # busy through the calls beyond anything the time between them can hold: flagged
+    [finding] = judged(hidden, dict(gpu_busy=busy(device_ms=37.1, loop_ms=42.0, **whole)))
+    assert finding.status == "flagged" and "whole GPU busy 37.100 ms per call" in finding.message
+
+
+def test_a_call_that_launched_nothing_is_flagged_with_what_nvml_saw():
     [finding] = judged(stats(launched=()))
-    assert "no GPU kernel was observed" in finding.message
+    assert finding.status == "flagged" and "no GPU kernel was observed" in finding.message
+    assert "not even the copy of the output" in finding.message
+    [finding] = judged(stats(launched=()), dict(gpu_busy=busy(18.0)))
+    assert "busy 18.000 ms per call: that work ran hidden from the profiler" in finding.message
+    [finding] = judged(stats(launched=()), dict(gpu_busy=busy(0.0)))
+    assert "leave the GPU idle" in finding.message
 
 
 def test_a_median_beyond_the_matmul_peak_is_not_physically_possible():

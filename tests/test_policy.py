@@ -26,6 +26,7 @@ def _policy(tmp_path, text: str, *, raw: bytes | None = None):
 def test_the_shipped_policy_loads():
     policy = load_policy()
     assert policy.public_case_points == 10 and policy.full_at == "baseline:sdpa_flash"
+    assert policy.review_top == 10 == Policy().review_top
 
 
 def test_a_bom_is_accepted(tmp_path):
@@ -59,6 +60,11 @@ def test_a_bom_is_accepted(tmp_path):
     ("pseudonyms = true", 'pseudonyms = "yes"', "[display] pseudonyms: 'yes' is not true or false"),
     ('pseudonym_salt = "change-me-per-course"', 'pseudonym_salt = ""', "is not a non-empty string"),
     ("[correctness]", "colour = 1\n[correctness]", "colour: unknown key outside any section"),
+    ("top = 10", "top = -1", "[review] top: -1 is too small; use a whole number >= 0"),
+    ("top = 10", "top = 2.5", "[review] top: 2.5 is not a whole number"),
+    ("top = 10", "top = true", "[review] top: True is not a whole number"),
+    ("top = 10", "tops = 10", "[review] tops: unknown key (did you mean 'top'?)"),
+    ("[review]", "[reveiw]", "[reveiw]: unknown section (did you mean 'review'?)"),
 ])
 def test_each_bad_value_is_one_line_naming_file_key_and_fix(tmp_path, old, new, expected):
     assert old in GOOD
@@ -72,6 +78,11 @@ def test_each_bad_value_is_one_line_naming_file_key_and_fix(tmp_path, old, new, 
     text = GOOD.replace(old, new, 1).splitlines()
     changed = {i for i, line in enumerate(text, start=1) if line in new.splitlines()}
     assert any(line.startswith(f"{path}:{n}: ") for n in changed for line in lines), (changed, lines)
+
+
+def test_the_review_queue_size_is_read(tmp_path):
+    assert load_policy(_policy(tmp_path, GOOD.replace("top = 10", "top = 0"))).review_top == 0
+    assert load_policy(_policy(tmp_path, GOOD.replace("top = 10", "top = 25"))).review_top == 25
 
 
 def test_a_section_given_as_a_value_is_named(tmp_path):

@@ -1,4 +1,5 @@
-"""Reach audit (grader/reach.py): what a submission's code could get at, read before it runs."""
+"""Reach audit (grader/reach.py): what a CUDA submission's build could get at, read before it runs,
+and the subject's loader (sources only)."""
 
 from __future__ import annotations
 
@@ -15,117 +16,12 @@ import pytest
 from grader import config, reach
 from grader.submission import read_sources
 
-from .adversarial.assemble import HERE as ADVERSARIAL, SHARED
 from .conftest import EXAMPLES, has_nvcc
 
 REPO = Path(__file__).resolve().parents[1]
-HONEST_PYTHON = [EXAMPLES / "triton_flash", REPO / "student" / "triton"]
 
 
-def audit(text: str) -> list[str]:
-    return [f.what for f in reach.python_reach({"submission.py": textwrap.dedent(text)})]
-
-
-@pytest.mark.parametrize("folder", HONEST_PYTHON, ids=lambda p: p.name)
-def test_honest_python_kernels_reach_nothing(folder):
-    assert reach.audit_sources(read_sources(folder)) == []
-
-
-def test_the_shared_honest_kernel_of_the_adversarial_set_reaches_nothing():
-    assert reach.python_reach({"honest_flash.py": (SHARED / "honest_flash.py").read_text()}) == []
-
-
-@pytest.mark.parametrize("name", ["forge_kernels_py", "forge_gadget_py", "gc_search_py",
-                                  "lazy_tensor_py", "patch_stats_py", "helper_gpu_py",
-                                  "profiler_pause_hidden_py", "tamper_timer_py", "snoop_py"])
-def test_every_attack_that_reaches_the_grader_is_seen(name):
-    findings = reach.python_reach({"submission.py": (ADVERSARIAL / name / "submission.py").read_text(),
-                                   "honest_flash.py": ""})
-    assert findings, name
-
-
-@pytest.mark.parametrize("text, what", [
-    ("import sys\nsys.modules['__main__']", "import sys"),
-    ("m = __import__('s' + 'ys')", "__import__"),
-    ("getattr(x, 'launched_names')", "getattr"),
-    ("import torch\ntorch.sys.modules", "sys"),
-    ("import torch\ntorch._C._disable_profiler()", "torch._C"),
-    ("from torch import _C", "torch._C"),
-    ("import torch.utils.cpp_extension as c", "cpp_extension"),
-    ("import torch as t\nt.load('weights.pt')", "torch.load"),
-    ("def f():\n    raise E\ntry: f()\nexcept E as e: e.__traceback__.tb_frame.f_back", "__traceback__"),
-    ("class Lazy:\n    def __torch_function__(cls, *a): pass", "__torch_function__"),
-    ("x = (1).__class__.__mro__", "__class__"),
-    ("from importlib import import_module", "import importlib"),
-    ("import numpy as np\nnp.ctypeslib", "ctypeslib"),
-    ("import triton\ntriton.runtime.driver.active.utils.load_binary", "load_binary"),
-    ("eval('1')", "eval"),
-    ("import numpy as np\nnp.lib.stride_tricks.as_strided", "stride_tricks"),   # raw memory
-    ("from helper import f", "import helper"),   # a module the grader did not read
-    # written against the first version of the audit (a red team's, 2026-11-22)
-    ("import typing\ndef f(x: 'typing.sys'): pass", "sys"),                 # annotations are code
-    ("import functools\nfunctools.singledispatch", "singledispatch"),
-    ("import enum\nb = enum.bltns", "bltns"),
-    ("import random\nx = random._os", "random._os"),
-    ("import typing\nop = typing.Any\nm = typing", "typing"),               # a module as a value
-    ("match e:\n    case object(_sys=object(modules=m)): pass", "modules"),
-    ("self = x\nself._create_fn", "self._create_fn"),
-    ("import torch\nx = torch.autograd.profiler_util.FunctionEvent", "profiler_util"),
-    ("from torch import load as restore", "torch.load"),
-    ("import torch\ntorch.cuda.memory.CUDAPluggableAllocator('x.so', 'a', 'b')", "CUDAPluggableAllocator"),
-    # red team, session 8: raw bytes into Triton's cache folder, where it finds its launcher .so
-    ("import numpy as np\nnp.array([127, 69], np.uint8).tofile('/tmp/t/k/launcher.so')", "tofile"),
-    ("import torch\nx = torch.zeros(1)\ntorch.save(x, 'f')", "torch.save"),
-    ("from numpy import save as keep\nkeep('f', x)", "numpy.save"),
-    ("import numpy\nnumpy.savez('f', x)", "savez"),
-    # red team, session 18: files past the folder quota's audit (grader/quota.py is beneath it)
-    ("import numpy as np\nnp.zeros(1 << 20).dump('f')", "dump"),
-    ("import triton\nm = triton.runtime.cache.FileCacheManager('k')\nm.put(b'x' * 9, 'f')",
-     "FileCacheManager"),
-])
-def test_each_way_in_is_named(text, what):
-    assert what in audit(text)
-
-
-def test_the_main_idiom_and_own_modules_are_fine():
-    files = {"submission.py": "from helper import f\nimport triton.language as tl\n"
-                              "if __name__ == '__main__':\n    print(f())\n",
-             "helper.py": "def f():\n    return 1\n",
-             "pkg/__init__.py": "", "pkg/sub.py": "X = 1\n"}
-    assert reach.python_reach(files) == []
-    assert reach.python_reach({"submission.py": "import pkg.sub\n", "pkg/__init__.py": ""}) == []
-
-
-def test_a_local_file_named_like_a_module_python_finds_first_is_not_the_submissions():
-    """`import gc` loads the interpreter's gc even with a gc.py in the folder."""
-    files = {"submission.py": "import gc as g\n", "gc.py": "X = 1\n"}
-    assert "import gc" in [f.what for f in reach.python_reach(files)]
-
-
-def test_a_file_read_differently_by_python_is_not_cleared():
-    text = "# coding: unicode_escape\nx = 1 #\\u000aimport sys\n"
-    assert "Python would read this file differently" in reach.python_reach({"submission.py": text})[0].why
-
-
-def test_python_files_the_grader_did_not_read_are_named(tmp_path):
-    (tmp_path / "submission.py").write_text("from pkg import big\ndef custom_kernel(data):\n    return big.f(data)\n")
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text("")
-    (tmp_path / "pkg" / "big.py").write_text("# padding\n" * 200_000)     # over read_sources' 1 MiB
-    (tmp_path / ".hidden").mkdir()
-    (tmp_path / ".hidden" / "x.py").write_text("import sys\n")
-    findings = reach.audit_sources(read_sources(tmp_path), tmp_path)
-    assert {f.what for f in findings} >= {str(Path("pkg") / "big.py"), str(Path(".hidden") / "x.py")}
-
-
-def test_a_syntax_error_is_the_builds_to_report_and_a_byte_order_mark_is_read_as_python_does():
-    assert reach.python_reach({"submission.py": "def f(:\n"}) == []
-    assert "import sys" in [f.what for f in reach.python_reach({"submission.py": "\ufeffimport sys\n"})]
-
-
-def test_findings_name_the_file_and_line():
-    text = reach.verdict(reach.python_reach({"a.py": "x = 1\nimport gc\n"}))
-    assert "a.py line 2: import gc" in text and "reaches past its kernel" in text
+# The Python audit's tests are in tests/test_allowlist.py.
 
 
 # ---------------------------------------------------------------- the loader: sources only
@@ -175,10 +71,16 @@ needs_gxx = pytest.mark.skipif(any(shutil.which(t) is None for t in ("g++", "nm"
                                reason="needs g++ and binutils")
 
 
-def compile_object(tmp_path, source: str) -> Path:
+def compile_object(tmp_path, source: str, *flags: str) -> Path:
+    """An object file as a build leaves it: beside it, the record of the headers its compile
+    opened (build.HEADERS_RECORD, from g++'s dependency list as from nvcc's)."""
+    from grader import build
     src, obj = tmp_path / "cuda.cu.cpp", tmp_path / "cuda.cuda.o"
     src.write_text(textwrap.dedent(source))
-    subprocess.run(["g++", "-c", "-fPIC", "-O1", "-o", str(obj), str(src)], check=True, timeout=300)
+    subprocess.run(["g++", "-c", "-fPIC", "-O1", "-MD", "-MF", str(tmp_path / build.DEPFILE),
+                    *flags, "-o", str(obj), str(src)], check=True, timeout=300)
+    build.record_headers(tmp_path, build._depfile_headers(tmp_path / build.DEPFILE),
+                         how="g++ -MD", base=tmp_path)
     return obj
 
 
@@ -290,6 +192,11 @@ def test_the_reference_solution_passes_the_reach_audit(tmp_path):
                           timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [f.describe() for f in reach.native_reach(tmp_path / "cuda.cuda.o")] == []
+    # nothing for an instructor to review, and its kernels (in an anonymous namespace) are its own
+    assert reach.native_review(tmp_path, read_sources(REPO / "solution")) == ([], [])
+    from grader.integrity import cpp_kernel_names
+    assert {"attention_kernel3", "attention_kernel5", "attention_kernel6"} <= \
+        cpp_kernel_names(tmp_path / "cuda.cuda.o")
 
 
 def test_without_nm_the_audit_says_what_the_machine_lacks(monkeypatch, tmp_path):
@@ -309,15 +216,12 @@ def test_an_unauditable_build_is_the_machines_fault(monkeypatch, tmp_path):
     assert r.status is Status.ENVIRONMENT_ERROR and "binutils" in r.message
 
 
-def test_cutlass_kernel_headers_and_computed_includes_are_flagged_cute_is_not():
-    # Red team, session 7 (tests/adversarial/cutlass_wrapped_cu): CUTLASS's GEMM run inside a
-    # __global__ of the student's shows in no kernel name; its headers show in the source.
-    source = ("\x1esubmission.cu\n#include <cute/tensor.hpp>\n#include <cutlass/arch/barrier.h>\n"
-              "#include \"cutlass/numeric_types.h\"\n#include \"helpers.cuh\"\n"
-              "\x1ehelpers.cuh\n  #  include <cute/../cutlass/gemm/kernel/gemm_universal.hpp>\n"
-              "#define PICK <cutlass/epilogue/thread/linear_combination.h>\n#include PICK\n")
-    found = [(f.where, f.what) for f in reach.cpp_includes(source)]
-    assert found == [("helpers.cuh line 1", "cute/../cutlass/gemm/kernel/gemm_universal.hpp"),
-                     ("helpers.cuh line 3", "#include PICK")]
-    for example in ("cute_flash", "tiled_cuda", "naive_cuda"):
-        assert reach.cpp_includes(read_sources(config.REPO_ROOT / "examples" / example)) == []
+def test_a_build_without_a_record_of_its_headers_cannot_be_cleared(tmp_path):
+    """What the translation unit opened is read from the compiler's record beside the object
+    (tests/test_native_audit.py: every spelling of an include); without one, nothing is cleared:
+    the audit is unavailable, the machine's failure, never a pass."""
+    obj = compile_object(tmp_path, "int forward(int x) { return 2 * x; }")
+    assert reach.native_reach(obj) == []
+    (tmp_path / "headers.json").unlink()
+    with pytest.raises(reach.AuditUnavailable, match="no record of the headers"):
+        reach.native_reach(obj)

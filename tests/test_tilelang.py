@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from grader import config, integrity, reach
+from grader import allowlist, config, integrity
 from grader.correctness import CaseResult
 from grader.hints import hint_for, progress_hint
 from grader.status import Status
@@ -33,7 +33,7 @@ import tilelang.language as T
 
 def audit(body: str) -> list[str]:
     text = HEAD + textwrap.dedent(body)
-    return [f.what for f in reach.python_reach({"submission.py": text})]
+    return [f.what for f in allowlist.audit_python({"submission.py": text}).flagged]
 
 
 # ---------------------------------------------------------------- the reach audit
@@ -41,7 +41,7 @@ def audit(body: str) -> list[str]:
 
 @pytest.mark.parametrize("folder", [TEMPLATE, EXAMPLE], ids=lambda p: p.parent.name)
 def test_the_template_and_the_example_reach_nothing(folder):
-    assert reach.audit_sources(read_sources(folder), folder) == []
+    assert allowlist.audit_folder(read_sources(folder), folder) == allowlist.PythonAudit()
 
 
 def test_the_jit_and_compile_api_is_allowed():
@@ -111,9 +111,10 @@ def test_a_docstring_may_speak_of_intrinsics():
 def test_the_rules_hold_in_every_file_of_a_tilelang_submission():
     files = {"submission.py": HEAD + "import helper\n",
              "helper.py": "def f(T):\n    return T.call_extern('int32', 'system', 'sh')\n"}
-    assert "call_extern" in [f.what for f in reach.python_reach(files)]
+    assert "call_extern" in [f.what for f in allowlist.audit_python(files).flagged]
     # a Triton or plain submission keeps its own names: `target` is no way in there
-    assert reach.python_reach({"submission.py": "def f(x, target=None):\n    return x\n"}) == []
+    assert allowlist.audit_python({"submission.py": "def f(x, target=None):\n    return x\n"}) \
+        == allowlist.PythonAudit()
 
 
 def test_a_library_attention_in_a_tilelang_submission_is_flagged_by_what_ran():
@@ -149,7 +150,8 @@ def test_tilelang_kernels_are_named_after_their_prim_func():
         assert "attention_kernel" in own
         # as the profiler reports it: TileLang's kernels are extern "C", so their names are bare
         assert integrity.classify_launched([("attention_kernel", 7)], own, gpu=True) == []
-    source = "@T.prim_func\ndef main(A):\n    pass\nf = T.prim_func(body)\n"
+    source = ("import tilelang.language as T\n@T.prim_func\ndef main(A):\n    pass\n"
+              "f = T.prim_func(body)\n")
     assert {"main_kernel", "body_kernel"} <= integrity.own_kernel_names(source)
 
 
@@ -161,7 +163,8 @@ def test_a_kernel_that_is_not_a_prim_func_of_the_source_is_not_its_own():
 
 
 def test_a_prim_func_named_like_a_library_kernel_is_still_a_library_kernel():
-    own = integrity.own_kernel_names("@T.prim_func\ndef cudnn_sdpa(A):\n    pass\n"
+    own = integrity.own_kernel_names("import tilelang.language as T\n"
+                                     "@T.prim_func\ndef cudnn_sdpa(A):\n    pass\n"
                                      "@T.prim_func\ndef flash_fwd(A):\n    pass\n")
     flags = integrity.classify_launched([("cudnn_sdpa_kernel", 1),
                                          ("void flash::flash_fwd_kernel<Traits>(Params)", 1)],

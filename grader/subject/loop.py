@@ -88,6 +88,18 @@ def tilelang_without_gpu() -> str:
     return nvcc if os.access(nvcc, os.X_OK) else ""
 
 
+def without_cudnn_attention() -> None:
+    """A student's subject has no cuDNN engine (grader/sandbox.py, hide_libraries): SDPA is told
+    so, and picks one of PyTorch's own kernels instead of failing inside cuDNN (which it did on
+    an H100, "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED", session 19). A submission that calls SDPA
+    then launches a library kernel, and is flagged for that, as it always was; one that turns
+    cuDNN back on only gets the failure. A default, not a defence: the engines are absent."""
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    except AttributeError:   # a torch without cuDNN attention
+        pass
+
+
 def load_extension(path: str, name: str):
     loader = importlib.machinery.ExtensionFileLoader(name, path)
     spec = importlib.util.spec_from_file_location(name, path, loader=loader)
@@ -446,6 +458,8 @@ def main(argv: list[str] | None = None) -> None:
         prepare(subject)
     if setup["target"].get("kind") == "python":   # before the submission imports TileLang
         os.environ.update(TILELANG_NO_DISK_CACHE)
+    if setup["target"].get("kind") in ("cuda", "python"):
+        without_cudnn_attention()
     if setup["device"] != "cuda":
         from grader import config
         os.environ[TILELANG_TARGET_ENV] = json.dumps(

@@ -10,11 +10,14 @@ honest kernel instead of repeating it:
   example, its entry point renamed `honest_forward`, so each assembled submission.cu is one
   standalone file, as a student's is.
 The assembled folders are self-contained: the sandbox shows a submission its own folder only.
+A folder's file FIFOS (one name a line) is not copied: each name it lists is made a named pipe
+in the assembled folder (named_pipe_py), since a git checkout cannot hold one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -23,6 +26,7 @@ HERE = Path(__file__).resolve().parent
 SHARED = HERE / "_shared"
 EXPECTED = json.loads((HERE / "expected.json").read_text())
 INCLUDE = '#include "honest_attention.cuh"'
+FIFO_LIST = "FIFOS"
 
 
 def names() -> list[str]:
@@ -42,13 +46,23 @@ def assemble_one(name: str, dest: Path) -> Path:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     for path in src.iterdir():
+        if path.name == FIFO_LIST:
+            continue
         text = path.read_text()
         if path.name == "submission.cu" and INCLUDE in text:
             text = text.replace(INCLUDE, honest_cuda())
         (out / path.name).write_text(text)
     if (src / "submission.py").exists():
         shutil.copyfile(SHARED / "honest_flash.py", out / "honest_flash.py")
+    for pipe in fifos(name):
+        os.mkfifo(out / pipe)
     return out
+
+
+def fifos(name: str) -> list[str]:
+    """The named pipes the assembled folder of `name` holds (its FIFOS file)."""
+    listed = HERE / name / FIFO_LIST
+    return listed.read_text().split() if listed.exists() else []
 
 
 def assemble(dest: Path, selected: list[str] | None = None) -> list[Path]:

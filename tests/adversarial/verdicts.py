@@ -1,6 +1,7 @@
 """Compare a graded adversarial run (make adversarial) with the GPU verdicts it must give:
 every attack's (expected.json), every bundled example's graded beside them
-(examples/expected.json; the Makefile's ADVERSARIAL_EXAMPLES) and the reference solution's (pass),
+(examples/expected.json; the Makefile's ADVERSARIAL_EXAMPLES), the honest corpus's (tests/corpus:
+pass) and the reference solution's (pass),
 and where expected.json names an honest twin, the median it must have against the twin's.
 
     python tests/adversarial/verdicts.py results-adversarial
@@ -20,6 +21,8 @@ EXPECTED = {k: v for k, v in json.loads((HERE / "expected.json").read_text()).it
             if not k.startswith("_")}
 EXAMPLES = {k: v for k, v in json.loads((HERE.parent.parent / "examples" / "expected.json").read_text()).items()
             if not k.startswith("_")}
+# The honest corpus (tests/corpus, issue 30): every one must pass, never go to review or be flagged.
+CORPUS = sorted(p.name for p in (HERE.parent / "corpus").iterdir() if p.is_dir())
 
 
 def rows(results: Path) -> list[tuple[str, Path, dict]]:
@@ -27,6 +30,8 @@ def rows(results: Path) -> list[tuple[str, Path, dict]]:
     BAD), and the examples that were graded."""
     out = [(name, results / f"{name}.json", want) for name, want in EXPECTED.items()]
     out += [(name, results / f"{name}.json", dict(gpu=[want["gpu"]])) for name, want in EXAMPLES.items()
+            if (results / f"{name}.json").exists()]
+    out += [(name, results / f"{name}.json", dict(gpu=["pass"])) for name in CORPUS
             if (results / f"{name}.json").exists()]
     out.append(("solution (reference row)", results / "baselines" / "solution.json", dict(gpu=["pass"])))
     return out
