@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import config, slurm
 from .baselines import BASELINES
-from .build import PTXAS_VERBOSE_ENV
+from .build import PTXAS_VERBOSE_ENV, BuildResult
 from .build_cache import FOLDER as CACHE_FOLDER, BuildCache
 from .cases import CaseFileError, largest, load_all_cases, load_cases, with_cases
 from .device import GpuSelectionError, detect_gpus, parse_gpus
@@ -243,7 +243,7 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
                           build_dir=args.build_dir, progress=progress, sandbox=sandbox,
                           calibration=args.calibration, policy=policy,
                           build_cache=_build_cache(args, sandbox),
-                          lanes=getattr(args, "lanes", 1))
+                          lanes=getattr(args, "lanes", 1), student_check=args.command == "check")
     t0 = time.monotonic()
     code = 0
     try:
@@ -289,9 +289,12 @@ def where_reports_are(paths: dict, out: Path) -> str:
             f"gradescope:  {per_submission('gradescope', '<submission>/results.json')}")
 
 
-def build_summary(device: dict, log: Path, *, verbose: bool) -> str:
-    """For a CUDA check: the architecture the file was compiled for and, verbose, what ptxas said
-    of each kernel (registers, spills, stack, shared memory), from the build log."""
+def build_summary(build: BuildResult | None, device: dict, log: Path, *, verbose: bool) -> str:
+    """For a CUDA check whose compile succeeded: the architecture the file was compiled for and,
+    verbose, what ptxas said of each kernel (registers, spills, stack, shared memory), from the
+    build log. '' after a compile that failed or did not finish: nothing was compiled."""
+    if build is None or build.status is not Status.PASS:
+        return ""
     arch = device.get("arch", config.DEFAULT_CUDA_ARCH)
     where = (f"the architecture of this machine's {device.get('name')}" if device.get("cuda") else
              "the course GPU's architecture (no GPU here: compiled, not run)")
@@ -551,9 +554,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {slurm.misuse(args)}", file=sys.stderr)
         return 2
     if args.executor == "slurm":   # this same check, run on a Slurm node (grader/slurm.py)
-        return slurm.check(args, out=args.out or config.DEFAULT_RESULTS / "check")
+        return slurm.check(args, out=args.out or
+                           config.DEFAULT_RESULTS / "check" / args.path.absolute().name)
     sub = inspect_folder(args.path)
-    out = args.out or config.DEFAULT_RESULTS / "check"
+    # A results folder per submission folder (results/check/triton, ...): checks of two tracks
+    # run at once; a second check of the same folder is refused (its lock names --out).
+    out = args.out or config.DEFAULT_RESULTS / "check" / sub.id
     # Without a GPU, a Python submission also runs on small public cases (the public ones are too
     # large for a CPU); a CUDA one is compile-checked only.
     args.cpu_cases = config.CPU_CHECK_CASES if sub.kind is Kind.PYTHON else None
@@ -567,12 +573,13 @@ def main(argv: list[str] | None = None) -> int:
     # The sandbox keeps a course's secrets from submissions; a student's check has none to keep.
     print(feedback_text(dataclasses.replace(result, notes=tuple(
         n for n in result.notes if not n.startswith(NOT_SANDBOXED)))))
-    if sub.kind is Kind.CUDA and result.build is not None and result.build.mode != "none":
+    if sub.kind is Kind.CUDA and result.build is not None and result.build.status is Status.PASS:
         try:
             device = read_run(out, complete=False).get("device", {})
         except RunFileError:
             device = {}
-        print("\n" + build_summary(device, out / "logs" / f"{sub.id}.build.log", verbose=args.verbose))
+        print("\n" + build_summary(result.build, device, out / "logs" / f"{sub.id}.build.log",
+                                   verbose=args.verbose))
     print(f"\nfull result: {out / (sub.id + '.json')}")
     if result.status in (Status.ENVIRONMENT_ERROR, Status.NO_RESULT):   # the machine's doing
         return 3

@@ -14,6 +14,11 @@ since (build_inputs) is not compiled again: its files come back from the build c
 What a CUDA build includes and defines is read from what the compiler did, never from the text:
 every header its translation unit opened (the compiler's dependency output, HEADERS_RECORD) and
 the __global__ functions its object defines (BuildResult.kernels). grader/reach.py audits both.
+
+A build is a course's (`grade`) or a student's own check (`check`: StudentCheck). The machine a
+message speaks of differs: a course's grading machine, which the instructor fixes, or the
+student's own, whose limits the student may raise (GRADER_BUILD_S). In a check the build also
+reports what it is doing while it runs (BuildWatch: the compiler's phase and the time so far).
 """
 
 from __future__ import annotations
@@ -30,14 +35,16 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Callable, Iterable, Sequence
 
 from . import config
 from .build_cache import BuildCache, empty_folder
 from .device import DeviceInfo, find_nvcc
-from .procs import ProcResult, child_env, run_limited, split_cpus
+from .procs import ProcResult, child_env, process_tree, run_limited, split_cpus
 from .quota import QUOTA
 from .sandbox import Sandbox, give_to_sandbox
 from .status import Status
@@ -86,9 +93,22 @@ class BuildResult:
                       **{k: tuple(d.get(k) or ()) for k in ("kernels", "review", "audit_notes")}})
 
 
+@dataclasses.dataclass(frozen=True)
+class StudentCheck:
+    """A build for a student's `check` (make check, python -m grader check) on their own machine,
+    not for a course's `grade`. Its messages speak of this machine: a timeout says the machine
+    may be slow or busy and names the limit to raise (slow_build_message), and is not tried
+    again (a second try only doubles the wait); a missing tool is this machine's set-up. While
+    it runs, `report` gets a line on what it is doing (progress_line) every `every_s` seconds:
+    a terminal's live display updates one line in place (often), a log gets a line each time."""
+    report: Callable[[str], None] | None = None
+    every_s: float = config.BUILD_PROGRESS_S
+
+
 def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
                      limits: config.Limits, log_path: Path | None = None,
-                     sandbox: Sandbox | None = None, cache: BuildCache | None = None) -> BuildResult:
+                     sandbox: Sandbox | None = None, cache: BuildCache | None = None,
+                     student_check: StudentCheck | None = None) -> BuildResult:
     """Build or import-check one submission; never raises for the submission's faults. With a
     `cache` and an active `sandbox` (grader/build_cache.py: only then can no submission write
     the cache), a CUDA build whose inputs are unchanged is restored from it rather than
@@ -97,24 +117,29 @@ def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
     A failure of the grading machine (a module or tool the set-up provides is missing) is an
     ENVIRONMENT_ERROR, never the student's; it is tried once more. So is a timeout while the
     machine is overloaded (config.OVERLOADED_PER_CORE): if the second try times out under the
-    same load, the machine cannot tell a slow build from a hung one, and says so."""
+    same load, the machine cannot tell a slow build from a hung one, and says so. In a
+    `student_check` the machine is the student's own: a timeout is a TIMEOUT that names the
+    limit to raise, and the build reports its progress (StudentCheck)."""
     if sub.kind is Kind.INVALID:
         return BuildResult(Status.BUILD_ERROR, "none", 0.0, message=sub.problem)
+    machine, fault = machine_words(student_check)
     if sub.kind is Kind.CUDA and device.nvcc is None:
         return BuildResult(Status.ENVIRONMENT_ERROR, "none", 0.0, message=(
-            "the grading machine has no nvcc (the CUDA toolkit): install it or set CUDA_HOME. "
-            + NOT_YOURS))
+            f"{machine} has no nvcc (the CUDA toolkit): install it or set CUDA_HOME. {fault}"))
     sandboxed = sandbox is not None and sandbox.active
     if sub.kind is not Kind.CUDA or cache is None or not cache.usable or not sandboxed:
         built = _build_tried(sub, build_dir=build_dir, device=device, limits=limits,
-                             log_path=log_path, sandbox=sandbox)[0]
+                             log_path=log_path, sandbox=sandbox, student_check=student_check)[0]
     else:
         built = _build_cached(sub, cache, build_dir=build_dir.resolve(), device=device,
-                              limits=limits, log_path=log_path, sandbox=sandbox)
-    return with_kernels(built, build_dir) if sub.kind is Kind.CUDA else built
+                              limits=limits, log_path=log_path, sandbox=sandbox,
+                              student_check=student_check)
+    return with_kernels(built, build_dir, student_check=student_check) \
+        if sub.kind is Kind.CUDA else built
 
 
-def with_kernels(built: BuildResult, build_dir: Path) -> BuildResult:
+def with_kernels(built: BuildResult, build_dir: Path, *,
+                 student_check: StudentCheck | None = None) -> BuildResult:
     """A passing CUDA build with what its object defines (BuildResult.kernels), read here, in
     the grader's process, from the object it left or the cache restored; and with its record of
     the headers it opened checked for. Without either, the build cannot be audited: the
@@ -126,14 +151,15 @@ def with_kernels(built: BuildResult, build_dir: Path) -> BuildResult:
         read_headers_record(Path(build_dir) / HEADERS_RECORD)
         kernels = defined_kernels(Path(build_dir) / STUDENT_OBJECT)
     except (AuditUnavailable, OSError, subprocess.SubprocessError) as e:
+        machine, fault = machine_words(student_check)
         return dataclasses.replace(built, status=Status.ENVIRONMENT_ERROR, message=(
-            f"the grading machine cannot read what the build made: {e}. {NOT_YOURS}"))
+            f"{machine} cannot read what the build made: {e}. {fault}"))
     return dataclasses.replace(built, kernels=tuple(kernels))
 
 
 def _build_cached(sub: Submission, cache: BuildCache, *, build_dir: Path, device: DeviceInfo,
-                  limits: config.Limits, log_path: Path | None,
-                  sandbox: Sandbox | None) -> BuildResult:
+                  limits: config.Limits, log_path: Path | None, sandbox: Sandbox | None,
+                  student_check: StudentCheck | None = None) -> BuildResult:
     """A CUDA build through the cache: restored when its inputs have an entry, else built (from
     an empty folder) and, when it passes, stored. Only passing builds are kept: a failure may be
     the machine's or a limit's, and costs the same to find again."""
@@ -149,7 +175,7 @@ def _build_cached(sub: Submission, cache: BuildCache, *, build_dir: Path, device
                            artifact=artifact_path(build_dir, mode, sub.module_name),
                            log_tail=hit.log_tail, reused=True)
     built, output = _build_tried(sub, build_dir=build_dir, device=device, limits=limits,
-                                 log_path=log_path, sandbox=sandbox)
+                                 log_path=log_path, sandbox=sandbox, student_check=student_check)
     if built.status is Status.PASS:
         if build_inputs(sub, device) != inputs:   # the folder changed while it compiled
             return built
@@ -161,23 +187,32 @@ def _build_cached(sub: Submission, cache: BuildCache, *, build_dir: Path, device
 
 
 def _build_tried(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits: config.Limits,
-                 log_path: Path | None, sandbox: Sandbox | None) -> tuple[BuildResult, str]:
+                 log_path: Path | None, sandbox: Sandbox | None,
+                 student_check: StudentCheck | None = None) -> tuple[BuildResult, str]:
     """One try, and a second where the machine may be at fault; the result and the output of
-    the try it comes from."""
+    the try it comes from. In a `student_check` a timeout is not tried again: its message says
+    how to give this machine more time (slow_build_message)."""
     # The load is read before each try: during one, the submission's own processes add to it,
     # and a hung build must not be able to make its own timeout look like the machine's.
     load = machine_load()
+    watch = BuildWatch(sub, limits, student_check) if student_check is not None else None
+    # (only a check's build is watched; a course's calls _build_once as it always did)
+    watched = {"watch": watch} if watch is not None else {}
     first, output = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
-                                log_path=log_path, sandbox=sandbox)
+                                log_path=log_path, sandbox=sandbox, **watched)
+    if first.status is Status.TIMEOUT and watch is not None:
+        return dataclasses.replace(first, message=slow_build_message(
+            watch.what, watch.limit_s, source_name=sub.source.name,
+            phase=watch.phase, load=load)), output
     if first.status is Status.ENVIRONMENT_ERROR:
-        retry_why = "the grading machine failed"
+        retry_why = f"{machine_words(student_check)[0]} failed"
     elif first.status is Status.TIMEOUT and load >= config.OVERLOADED_PER_CORE:
         retry_why = f"the machine was overloaded (load {load:.1f} per core)"
     else:
         return first, output
     load = min(load, machine_load())
     second, output = _build_once(sub, build_dir=build_dir, device=device, limits=limits,
-                                 log_path=log_path, sandbox=sandbox)
+                                 log_path=log_path, sandbox=sandbox, **watched)
     elapsed = round(first.elapsed_s + second.elapsed_s, 2)
     note = f"tried twice: {retry_why} on the first try"
     if second.status is Status.TIMEOUT and first.status is Status.TIMEOUT:
@@ -296,6 +331,38 @@ def _write_log(log_path: Path | None, text: str) -> None:
 # Said to the student whenever the machine, not the submission, failed.
 NOT_YOURS = ("This is not your fault and it is not graded: the instructor fixes the machine and "
              "grades it again.")
+# The same in a student's check, on their own machine: nobody else will fix it.
+YOUR_MACHINE = ("It is this machine's set-up, not your code: make env sets it up again "
+                "(scripts/bootstrap.sh); if that does not help, ask your instructor.")
+
+
+def machine_words(student_check: StudentCheck | None) -> tuple[str, str]:
+    """How a build's message names the machine, and what it says of the machine's fault: a
+    course's grading machine (`grade`), or, in a student's check, their own."""
+    if student_check is None:
+        return "the grading machine", NOT_YOURS
+    return "this machine", YOUR_MACHINE
+
+
+# A check's limits, as a student raises them: Limits.from_env's variables for Limits.build_s and
+# Limits.import_s, which `make check` passes on (make check GRADER_BUILD_S=900).
+LIMIT_ENV = {"compile": "GRADER_BUILD_S", "import": "GRADER_IMPORT_S"}
+
+
+def slow_build_message(what: str, limit_s: float, *, source_name: str, phase: str,
+                       load: float) -> str:
+    """A student's check whose compile (or a Python file's import) ran past its limit: what was
+    running when it stopped, that this machine may be slow or busy, and the limit to raise, as
+    a `make check` variable and as the environment variable python -m grader reads."""
+    knob = LIMIT_ENV[what]
+    more = max(900, -(-3 * int(limit_s) // 100) * 100)   # three times as long, at least 900 s
+    # (a compile's hint, grader/hints.py, names what makes a compile itself slow)
+    stuck = " If it never finishes, look at what your file runs when it is imported." \
+        if what == "import" else ""
+    return (f"the {what} of {source_name} did not finish in {limit_s:.0f} s"
+            f"{f' (it was in: {phase})' if phase else ''}: this machine may be slow or busy (load "
+            f"{load:.1f} per core when it began). Raise the limit: make check {knob}={more} (for "
+            f"python -m grader check, the environment variable {knob}={more}).{stuck}")
 
 
 def machine_load() -> float:
@@ -306,9 +373,125 @@ def machine_load() -> float:
         return 0.0
 
 
+# What a student's check shows while it compiles. nvcc prints nothing until it ends, and the
+# build's output goes to its log, so the phase is read from the processes the build runs (its
+# process tree, in /proc): nvcc runs one tool after another for a .cu file (the preprocessor,
+# cudafe++, cicc, ptxas, fatbinary, the host compiler); torch's ninja build (with a GPU) runs nvcc
+# on cuda.cu beside c++ on main.cpp, then links. Each tool's process name, and the phase it is.
+_TOOL_PHASES = {
+    "cudafe++": "front end (cudafe++)", "cicc": "device code (cicc)", "ptxas": "ptxas",
+    "fatbinary": "fatbinary", "nvlink": "device link (nvlink)", "as": "host compiler",
+    "collect2": "link", "ld": "link", "ld.bfd": "link", "ld.gold": "link", "ld.lld": "link",
+    "mold": "link",
+}
+# Host compilers proper (gcc's cc1plus, also nvcc's preprocessor when given -E).
+_HOST_COMPILERS = ("cc1plus", "cc1")
+# In the order a build goes through them; a driver alone (between its tools) says where it is.
+BUILD_PHASES = ("preprocessor", "front end (cudafe++)", "device code (cicc)", "ptxas", "fatbinary",
+                "host compiler", "device link (nvlink)", "link")
+_DRIVER_PHASES = {"nvcc": "nvcc", "ninja": "ninja"}
+
+
+def build_phase(processes: Iterable[tuple[str, Sequence[str]]]) -> str:
+    """The phase a build is in, from its running processes, each (name, argv) as /proc gives them
+    (comm, cmdline): the tools' phases in BUILD_PHASES order, joined by ' + ' when several run at
+    once; else the driver that runs between them (nvcc, ninja); else 'starting (Python, torch)'
+    while only Python runs (the build child loads torch); '' when nothing is known."""
+    tools, drivers, python = set(), set(), False
+    for name, argv in processes:
+        names = {name, os.path.basename(argv[0]) if argv else ""}
+        if names & set(_HOST_COMPILERS):
+            tools.add("preprocessor" if "-E" in argv else "host compiler")
+        elif names & set(_TOOL_PHASES):
+            tools.update(_TOOL_PHASES[n] for n in names & set(_TOOL_PHASES))
+        elif names & set(_DRIVER_PHASES):
+            drivers.update(_DRIVER_PHASES[n] for n in names & set(_DRIVER_PHASES))
+        elif any(n.startswith("python") for n in names):
+            python = True
+    if tools:
+        return " + ".join(p for p in BUILD_PHASES if p in tools)
+    if drivers:
+        return " + ".join(sorted(drivers))
+    return "starting (Python, torch)" if python else ""
+
+
+def progress_line(what: str, source_name: str, phase: str, elapsed_s: float, limit_s: float) -> str:
+    """'compiling submission.cu: ptxas, 42 s (limit 300 s: GRADER_BUILD_S)'."""
+    doing = "compiling" if what == "compile" else "importing"
+    return (f"{doing} {source_name}{f': {phase}' if phase else ''}, {elapsed_s:.0f} s "
+            f"(limit {limit_s:.0f} s: {LIMIT_ENV[what]})")
+
+
+def _running(root: int) -> list[tuple[str, list[str]]]:
+    """(comm, argv) of `root` and every process under it, as /proc shows them now."""
+    found = []
+    for pid in process_tree(root):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:   # it ended meanwhile
+            continue
+        found.append((name, [a.decode(errors="replace") for a in argv if a]))
+    return found
+
+
+class BuildWatch:
+    """Follows one build of a student's check while it runs: every second, the phase its
+    processes are in (build_phase), kept for the timeout's message; every `check.every_s`
+    seconds, a progress_line to `check.report`."""
+
+    SAMPLE_S = 1.0
+
+    def __init__(self, sub: Submission, limits: config.Limits, check: StudentCheck):
+        self.check = check
+        self.what = "import" if sub.kind is Kind.PYTHON else "compile"
+        self.limit_s = limits.import_s if sub.kind is Kind.PYTHON else limits.build_s
+        self.source_name = sub.source.name if sub.source is not None else "submission"
+        self.phase = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hooks(self, inner: dict) -> dict:
+        """procs.run_limited's `started` and `ended`: `inner`'s (the quota's), and this watch
+        from the moment the build starts until it ends."""
+        def started(pid: int) -> None:
+            inner["started"](pid)
+            self._stop.clear()
+            self.phase = ""
+            self._thread = threading.Thread(target=self._follow, args=(pid,), daemon=True,
+                                            name="build-watch")
+            self._thread.start()
+
+        def ended(pid: int) -> None:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            inner["ended"](pid)
+        return dict(started=started, ended=ended)
+
+    def _follow(self, pid: int) -> None:
+        t0 = last = time.monotonic()
+        while not self._stop.wait(self.SAMPLE_S):
+            phase = build_phase(_running(pid)) if self.what == "compile" else ""
+            now = time.monotonic()
+            # (an import runs Python alone: it has no phases). Near the limit the build is being
+            # killed: a sample then sees its tools gone and their driver still there.
+            if phase and now - t0 < self.limit_s - self.SAMPLE_S / 2:
+                self.phase = phase
+            if self.check.report is not None and now - last >= self.check.every_s - 0.05:
+                last = now
+                try:
+                    self.check.report(progress_line(self.what, self.source_name, self.phase,
+                                                    now - t0, self.limit_s))
+                except (OSError, ValueError):   # the display is gone (a closed stderr)
+                    pass
+
+
 def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits: config.Limits,
-                log_path: Path | None, sandbox: Sandbox | None) -> tuple[BuildResult, str]:
-    """One try; its result and its whole (capped) output."""
+                log_path: Path | None, sandbox: Sandbox | None,
+                watch: "BuildWatch | None" = None) -> tuple[BuildResult, str]:
+    """One try; its result and its whole (capped) output. A `watch` (a student's check) follows
+    the build's processes while it runs and reports its progress."""
     build_dir = build_dir.resolve()   # the build runs in the submission's folder
     if sub.kind is Kind.CUDA:
         # From nothing: torch rewrites only sources that changed and ninja trusts file times, so
@@ -335,13 +518,16 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
         cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path])
     memory = int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None
+    hooks = QUOTA.hooks(build_dir, spare_root=False)
+    if watch is not None:
+        hooks = watch.hooks(hooks)
     with QUOTA.watch(build_dir, int(limits.folder_gb * (1 << 30)), limits.folder_files):
         proc = run_limited(cmd, timeout_s=timeout, env=env, cwd=sub.path,
                            head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
                            memory_bytes=memory,
                            file_bytes=int(limits.file_gb * (1 << 30)),
                            cpus=split_cpus(limits.gpu_stage_cpus).build,   # off the timed calls' CPUs
-                           **QUOTA.hooks(build_dir, spare_root=False))
+                           **hooks)
         over = QUOTA.over(build_dir)
     if sub.kind is Kind.PYTHON:   # an import check leaves nothing a later stage reads: what its
         empty_folder(build_dir)   # code wrote there does not outlive the watch
@@ -355,7 +541,8 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
                            artifact=artifact_path(build_dir, mode, sub.module_name),
                            message="uses the GPU when imported: imported on its GPU, at its first case",
                            log_tail=relevant_log(proc.output, sub.source.name)), proc.output
-    return _interpret(proc, mode, sub, build_dir, timeout), proc.output
+    return _interpret(proc, mode, sub, build_dir, timeout,
+                      student_check=watch.check if watch is not None else None), proc.output
 
 
 # A Python submission's import check runs with no GPU (it overlaps other submissions' timed calls
@@ -368,18 +555,19 @@ NEEDS_A_GPU = re.compile(r"No CUDA GPUs are available|no CUDA-capable device|Fou
 
 
 def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
-               timeout: float) -> BuildResult:
+               timeout: float, *, student_check: StudentCheck | None = None) -> BuildResult:
     what = "import" if mode == "import" else "compile"
     if proc.timed_out:
         return BuildResult(Status.TIMEOUT, mode, proc.elapsed_s,
                            message=f"{what} did not finish within {timeout:.0f} s",
                            log_tail=proc.tail(30))
-    if not proc.ok:
-        log = relevant_log(proc.output, sub.source.name)
+    if not proc.ok:   # an import's output is the student's own traceback (subject/loop.py): whole
+        log = proc.tail(60) if mode == "import" else relevant_log(proc.output, sub.source.name)
         missing = environment_problem(proc.output, mode)
         if missing:
+            machine, fault = machine_words(student_check)
             return BuildResult(Status.ENVIRONMENT_ERROR, mode, proc.elapsed_s,
-                               message=f"the grading machine {missing}. {NOT_YOURS}", log_tail=log)
+                               message=f"{machine} {missing}. {fault}", log_tail=log)
         first = proc.last_exception() if mode == "import" else _first_error(log)
         return BuildResult(Status.BUILD_ERROR, mode, proc.elapsed_s,
                            message=f"{what} failed" + (f": {first.strip()}" if first else ""),

@@ -130,6 +130,11 @@ PROVIDED_HEADERS = ("cublas_v2.h", "cublas.h", "cublasLt.h", "cusparse.h", "cuso
 # again; a second timeout under such load is the machine's (environment_error). A submission's
 # own build adds about 1 to the load: 2 per core means others are competing for the cores.
 OVERLOADED_PER_CORE = 2.0
+# A student's check says what its build is doing (the compiler's phase, the time so far) every
+# this many seconds in a log or a pipe; a terminal's live display updates its line every second.
+# A compile check takes 35-65 s on an idle 2-core machine and minutes on a busy one
+# (notes/check_speed.md): silent, it looks hung.
+BUILD_PROGRESS_S = 12.0
 
 # Memory one build may use at its peak, for the default number of builds at once
 # (procs.default_build_jobs): a compile check of examples/tiled_cuda peaks at 1.6 GB resident

@@ -430,7 +430,7 @@ def loaded(link: Link, spec: dict, deadline: float) -> dict | None:
     except SubjectGone as gone:
         return _gone_record(gone, link, spec, loading=True)
     if reply.get("event") == "load_error":
-        return dict(status="runtime_error", message=_error_text(reply, "while loading"))
+        return dict(status="runtime_error", message=_error_text(reply, "import failed"))
     if reply.get("event") != "ready":
         return dict(status="runtime_error", message=(
             f"the subject broke the protocol: it said {clean(json.dumps(reply), 200)} instead of "
@@ -505,8 +505,13 @@ def _give_up(link: Link, why: str) -> None:
     os._exit(0)
 
 
-def _error_text(reply: dict, where: str = "") -> str:
+def _error_text(reply: dict, doing: str = "") -> str:
+    """An error the subject reported, as the student reads it: '[doing: ]Type: message', then
+    its traceback, which the subject cut to the student's own frames (subject/loop.py,
+    student_traceback). All of it the subject's claim: cleaned and capped, never parsed."""
     text = f"{clean(reply.get('error'), 200)}: {clean(reply.get('message'), 4000)}"
+    if doing:
+        text = f"{doing}: {text}"
     if reply.get("traceback"):
         text += "\n" + clean(reply["traceback"], 6000)
     return text

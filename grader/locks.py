@@ -60,10 +60,11 @@ def _alive(pid) -> bool:
 
 
 class RunLock:
-    """An exclusive, non-blocking lock on `path`; `what` says what it guards, in messages."""
+    """An exclusive, non-blocking lock on `path`; `what` says what it guards, in messages, and
+    `instead` the way around it other than waiting, if there is one."""
 
-    def __init__(self, path: Path, what: str):
-        self.path, self.what = Path(path), what
+    def __init__(self, path: Path, what: str, instead: str = ""):
+        self.path, self.what, self.instead = Path(path), what, instead
         self.fd: int | None = None
 
     def acquire(self) -> str:
@@ -91,8 +92,9 @@ class RunLock:
             os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise LockHeld(f"cannot lock {self.path} ({self.what}): {e.strerror}") from None
+            instead = f", {self.instead}" if self.instead else ""
             raise LockHeld(f"{self.what} is in use by another grading run ({describe(holder)}); "
-                           f"wait for it to end. Lock file: {self.path}") from None
+                           f"wait for it to end{instead}. Lock file: {self.path}") from None
         if created:
             try:
                 os.fchmod(fd, 0o666)   # another user's run on the same GPU must be able to open it
@@ -164,7 +166,36 @@ def gpu_identity() -> str:
 
 
 def folder_lock(out_dir: Path) -> RunLock:
-    return RunLock(Path(out_dir) / FOLDER_LOCK, f"the results folder {out_dir}")
+    """One run at a time writes a results folder. A run refused names the way around: the same
+    command with a results folder of its own (`check`'s default is one per submission folder,
+    results/check/<folder>, so only two checks of the same folder meet here)."""
+    return RunLock(Path(out_dir) / FOLDER_LOCK, f"the results folder {out_dir}",
+                   instead=f"or give this run a results folder of its own with --out: "
+                           f"{with_out(Path(f'{out_dir}-2'))}")
+
+
+def with_out(out_dir: Path) -> str:
+    """This process's command as a shell could run it again, its --out replaced by `out_dir`:
+    '.venv/bin/python -m grader check student/triton --out results/check/triton-2'."""
+    argv, kept, skip = list(sys.argv), [], False
+    if argv and argv[0].endswith(os.path.join("grader", "__main__.py")):
+        argv[:1] = ["-m", "grader"]
+    for arg in argv:
+        if skip or arg == "--out" or arg.startswith("--out="):
+            skip = arg == "--out"
+            continue
+        kept.append(arg)
+    python = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd() + os.sep) \
+        else Path(sys.executable).name
+    return " ".join(shlex.quote(a) for a in [python, *kept, "--out", _shown(out_dir)])
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working folder when it is inside it, else as given."""
+    try:
+        return str(Path(path).absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def gpu_lock(identity: str, name: str = "") -> RunLock:

@@ -24,12 +24,14 @@ from typing import NamedTuple
 
 from . import allowlist, config, identity, reach
 from .baselines import BASELINES
-from .build import NOT_YOURS, STUDENT_OBJECT, BuildResult, build_submission, machine_load
+from .build import (NOT_YOURS, STUDENT_OBJECT, BuildResult, StudentCheck, build_submission,
+                    machine_load)
 from .build_cache import BuildCache
 from .cases import Case, largest
 from .correctness import CaseResult, check_outputs, launched_of
 from .device import DeviceInfo, device_minor
 from .gate import BuildThrottle, GpuGate, alone, shared
+from .feedback import cpu_note
 from .hints import hint_for
 from .integrity import (TimingFinding, classify_launched, static_evidence, tampering_lines,
                         timing_findings)
@@ -74,6 +76,9 @@ class GradeContext:
     # (config.GPU_LANES; grade --lanes); a worker's context holds its GPU's gate when above 1.
     lanes: int = 1
     gate: GpuGate | None = None
+    # A student's `check` on their own machine, not a course's `grade`: a build's messages speak
+    # of this machine and name the limit to raise, and it reports its progress (build.StudentCheck).
+    student_check: bool = False
 
     @property
     def device_name(self) -> str:
@@ -363,6 +368,7 @@ def _judged(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
             ensure_gpu_healthy(ctx)
 
     cases = _in_case_order(checked + skipped, ctx.cases)
+    notes = _ran_where(ctx, cases) + notes
     if not ctx.sandbox.active:
         notes.append(ctx.sandbox.describe())
     own = identity.own_kernels(source, sub.kind.value, getattr(build, "kernels", None))
@@ -614,6 +620,8 @@ def _verdict(status: Status, cases: list[CaseResult], timing: TimingStats | None
         return text
     first = next(c for c in cases if c.status is status)
     reason = first.message.splitlines()[0] if first.message else status.value
+    if not ran:   # not_run: none of the cases it was given ran (TileLang without a GPU)
+        return f"{reason} (none of its {len(cases)} cases ran)"
     return f"{status.value} on case {first.case}: {reason} ({len(passed)} of {len(ran)} cases pass)"
 
 
@@ -632,8 +640,16 @@ def _select_cases(sub: Submission, ctx: GradeContext) -> tuple[list[Case], list[
     small = [c for c in ctx.cases if c.flops <= config.CPU_MAX_FLOPS]
     big = [CaseResult(c.id, Status.NOT_RUN, "not run: too large for the CPU (no CUDA device)",
                       c.hidden) for c in ctx.cases if c.flops > config.CPU_MAX_FLOPS]
-    notes = [f"ran on the CPU: {len(small)} of {len(ctx.cases)} cases (no CUDA device)"]
-    return small, big, notes
+    # No note yet: what ran is known once the cases have (_ran_where). A case given to the CPU
+    # need not run there: TileLang, with no CPU interpreter, compiles it and runs nothing.
+    return small, big, []
+
+
+def _ran_where(ctx: GradeContext, cases: list[CaseResult]) -> list[str]:
+    """Without a CUDA device, the note that says how many cases ran, on the CPU, when any did
+    (feedback.cpu_note: the label CPU-PASS reads it); none when none ran."""
+    ran = sum(c.status is not Status.NOT_RUN for c in cases)
+    return [cpu_note(ran, len(cases))] if ran and not ctx.device.cuda else []
 
 
 def _in_case_order(results: list[CaseResult], cases) -> list[CaseResult]:
@@ -1455,14 +1471,27 @@ def build_throttle(build_jobs: int, ctx: GradeContext, waiting) -> BuildThrottle
 def grading_context(*, cases, device: DeviceInfo, gpus: list[DeviceInfo], limits: config.Limits,
                     out_dir: Path, build_dir: Path, progress: Progress, sandbox: Sandbox,
                     calibration: bool, policy, build_cache: BuildCache | None,
-                    lanes: int = 1) -> GradeContext:
+                    lanes: int = 1, student_check: bool = False) -> GradeContext:
     """A grading run's context (`grade`, `check`, one Slurm task): one GPU worker per GPU of
-    `gpus` when there are several, each with `lanes` (worker_contexts)."""
+    `gpus` when there are several, each with `lanes` (worker_contexts); `student_check` for
+    `check` (GradeContext.student_check)."""
     return GradeContext(cases=tuple(cases), device=device, limits=limits, out_dir=out_dir, lanes=lanes,
                         build_dir=build_dir, progress=progress, sandbox=sandbox,
                         calibration=calibration,
                         precision=(policy.precision_factor, policy.precision_floor),
-                        build_cache=build_cache, gpus=tuple(gpus) if len(gpus) > 1 else ())
+                        build_cache=build_cache, gpus=tuple(gpus) if len(gpus) > 1 else (),
+                        student_check=student_check)
+
+
+def student_check(ctx: GradeContext, sub: Submission) -> StudentCheck | None:
+    """What a build of `check` reports to (build.StudentCheck): the run's display, as the build
+    stage's line (in place, every second, in a terminal; a line every config.BUILD_PROGRESS_S
+    seconds otherwise). None in a course's `grade`: its display shows every submission at once."""
+    if not ctx.student_check:
+        return None
+    every = 1.0 if ctx.progress.in_place else config.BUILD_PROGRESS_S
+    return StudentCheck(report=lambda line: ctx.progress.stage(sub.id, f"build: {line}"),
+                        every_s=every)
 
 
 def gpu_records(gpus: list[DeviceInfo]) -> list[dict]:
@@ -1532,7 +1561,8 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
         with throttle.turn():
             built = build_submission(sub, build_dir=build_dir, device=ctx.device,
                                      limits=ctx.limits, sandbox=ctx.sandbox, cache=ctx.build_cache,
-                                     log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log")
+                                     log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log",
+                                     student_check=student_check(ctx, sub))
         return built if ctx.calibration else audit_build(sub, built, build_dir, sources[id(sub)])
 
     for entry in entries:

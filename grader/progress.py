@@ -9,6 +9,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from .feedback import status_label
 from .text import headline
 
 if TYPE_CHECKING:
@@ -73,6 +74,12 @@ class Progress:
             else:
                 print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", file=self.stream, flush=True)
 
+    @property
+    def in_place(self) -> bool:
+        """Whether stage() updates the live display's line in place (a terminal with rich) rather
+        than printing a line: a caller may then report a stage's progress often."""
+        return self._rich is not None
+
     def set_total(self, total: int) -> None:
         """The run's entries, once planned (a run on several GPUs times each baseline on each)."""
         with self._lock:
@@ -101,10 +108,11 @@ class Progress:
         with self._lock:
             self.finished += 1
             self.graded += 1
-            self.counts[result.status.value] += 1
+            label = status_label(result).lower()   # cpu-pass: its cases ran on the CPU
+            self.counts[label] += 1
             verdict = headline(result.message)
             eta = self.eta()
-            self._line(f"{result.label}: {result.status.value} - {verdict} ({result.wall_s:.1f}s)"
+            self._line(f"{result.label}: {label} - {verdict} ({result.wall_s:.1f}s)"
                        f"{' on ' + where if where else ''}"
                        f" [{self.finished}/{self.total}{', ' + eta if eta else ''}]")
             if self._rich is not None:
@@ -126,9 +134,9 @@ class Progress:
         else:
             self.unchanged += 1
             self._line(f"{result.label}: unchanged since {result.graded_at or 'its last grading'}, "
-                       f"skipped: {result.status.value} [{self.finished}/{self.total}]")
+                       f"skipped: {status_label(result).lower()} [{self.finished}/{self.total}]")
         if result is not None:
-            self.counts[result.status.value] += 1
+            self.counts[status_label(result).lower()] += 1
         if self._rich is not None:
             self._rich.update(self._task, advance=1)
 

@@ -20,6 +20,7 @@ import jinja2
 
 from . import config
 from .exports import is_scored, why_no_grades, write_exports
+from .feedback import status_detail, status_label
 from .policy import Policy, Score, load_policy
 from .privacy import Redactor
 from .results import SubmissionResult, read_gpu_copies, read_results, write_json_atomic
@@ -63,6 +64,8 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
+    # a result's status as the student's check prints it: cpu-pass when its cases ran on the CPU
+    env.globals.update(status_label=status_label, status_detail=status_detail)
     env.filters["ms"] = lambda v: "" if v is None else f"{v:.3f}"
     env.filters["x"] = lambda v: "" if v is None else f"{v:.2f}×"
     env.filters["shquote"] = shlex.quote
@@ -435,7 +438,7 @@ def text_table(rows: list[Row], *, width: int | None = None, missing: int = 0,
         ran = [c for c in r.cases if c.status is not Status.NOT_RUN]
         cases = f"{sum(c.status is Status.PASS for c in ran)}/{len(ran)}" if ran else "-"
         name = row.name if len(row.name) <= 24 else row.name[:23] + "…"
-        line = (f"{row.rank or '':>3}  {name:24} {r.status.value:13} {cases:>5} "
+        line = (f"{row.rank or '':>3}  {name:24} {status_label(r).lower():13} {cases:>5} "
                 f"{(f'{r.timing.median_ms:.3f}' if r.timing else ''):>10} "
                 f"{(f'{r.timing.tflops:.1f}' if r.timing else ''):>8} "
                 f"{(f'{row.speedup_vs_reference:.2f}x' if row.speedup_vs_reference else ''):>7} "

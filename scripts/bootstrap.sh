@@ -4,7 +4,14 @@
 #  - A torch that is already installed (the GPU machine's CUDA build) is reused: .venv sees the
 #    site-packages of the interpreter that has it through a .pth file, and nothing is reinstalled.
 #  - Otherwise $TORCH_SPEC (torch==2.13.0 by default: the CPU build this course's CPU machines
-#    have a local wheel of) is installed.
+#    have a local wheel of) is installed. TORCH_INDEX=auto (default): on Linux without an NVIDIA
+#    GPU, from PyTorch's CPU index (CPU_TORCH_INDEX): its CPU build, about 200 MB, where PyPI's
+#    Linux torch brings about 3 GB of CUDA libraries that need a GPU (and PyPI's, if that index
+#    cannot be reached); with a GPU, or elsewhere, from pip's own index. TORCH_INDEX=URL: that
+#    index; TORCH_INDEX=pip: pip's own.
+#  - pip's output (warnings, progress, resolver notes) goes to $SETUP_LOG (default
+#    .venv/setup.log, this set-up's only), not to the terminal, which shows a line per step. A
+#    step that fails names the log and shows its last lines.
 #  - Missing packages come from PyPI, or only from ./.whl when that folder exists (offline
 #    machines: carry pytest_json_report and pytest_metadata wheels there).
 #  - Everything the bundled examples and tests need is installed by default: numpy (a
@@ -27,27 +34,66 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 WITH_TRITON=${WITH_TRITON:-auto}
 WITH_TILELANG=${WITH_TILELANG:-auto}
 WITH_BROWSER=${WITH_BROWSER:-auto}
+TORCH_INDEX=${TORCH_INDEX:-auto}
+CPU_TORCH_INDEX=https://download.pytorch.org/whl/cpu
 VENV=.venv
 STAMP=${STAMP:-$VENV/.ready}
+SETUP_LOG=${SETUP_LOG:-$VENV/setup.log}
+STARTED=$(date +%s)
 for knob in "WITH_TRITON=$WITH_TRITON" "WITH_TILELANG=$WITH_TILELANG" "WITH_BROWSER=$WITH_BROWSER"; do
     case "${knob#*=}" in auto|0|1) ;; *) echo "bootstrap: $knob: use auto, 1 or 0" >&2; exit 2 ;; esac
 done
 rm -f "$VENV"/.ready "$VENV"/.ready-*   # set-up is not done until it is done
 PIP_SRC=""
 [ -d .whl ] && PIP_SRC="--no-index --find-links .whl"
+mkdir -p "$VENV" "$(dirname "$SETUP_LOG")"
+: > "$SETUP_LOG"
+
+# log_tail WHY: a failed step, said on stderr with the log's last lines.
+log_tail() {
+    echo "bootstrap: $1; pip's output is in $SETUP_LOG, whose last lines are:" >&2
+    tail -n 25 "$SETUP_LOG" | sed 's/^/    /' >&2
+}
+# pip_logged ARGS...: pip with its output in the log (its status is the caller's to judge).
+pip_logged() {
+    echo "=== $(date '+%H:%M:%S') pip $*" >> "$SETUP_LOG"
+    $PIP "$@" --disable-pip-version-check --no-input --progress-bar off >> "$SETUP_LOG" 2>&1
+}
+# pip_or_stop ARGS...: pip_logged; when it fails, set-up stops with the log's tail.
+pip_or_stop() {
+    pip_logged "$@" || { log_tail "pip $1 failed, so set-up stopped"; exit 1; }
+}
+# last_error: pip's last ERROR line, for a one-line warning.
+last_error() {
+    grep '^ERROR' "$SETUP_LOG" | tail -n 1 | cut -c1-200
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
-    echo "bootstrap: creating $VENV with $($BASE_PYTHON --version)"
+    echo "bootstrap: creating $VENV with $($BASE_PYTHON --version 2>&1); pip's output goes to $SETUP_LOG"
     # An interpreter without ensurepip (Debian without python3-venv) still makes a venv
     # without pip; the base interpreter's pip then installs into it.
-    "$BASE_PYTHON" -m venv "$VENV" 2>/dev/null || { rm -rf "$VENV"; "$BASE_PYTHON" -m venv --without-pip "$VENV"; }
+    "$BASE_PYTHON" -m venv "$VENV" >> "$SETUP_LOG" 2>&1 \
+        || "$BASE_PYTHON" -m venv --without-pip "$VENV" >> "$SETUP_LOG" 2>&1 \
+        || { log_tail "$BASE_PYTHON could not create $VENV"; exit 1; }
+else
+    echo "bootstrap: bringing $VENV up to date (a knob or pyproject.toml changed, or a set-up did not" \
+         "finish); pip's output goes to $SETUP_LOG"
 fi
 PY="$VENV/bin/python"
 if "$PY" -m pip --version >/dev/null 2>&1; then PIP="$PY -m pip"; else PIP="$BASE_PYTHON -m pip --python $PY"; fi
+# has PYTHON MODULE: whether MODULE is there, without importing it (torch and TileLang take many
+# seconds to import on a busy machine; set-up imports torch once, at its end).
+has() {
+    "$1" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 1)" "$2" 2>/dev/null
+}
+# version DIST: an installed distribution's version, from its metadata.
+version() {
+    "$PY" -c "import importlib.metadata as md, sys; print(md.version(sys.argv[1]))" "$1" 2>/dev/null
+}
 
 # Reuse the base interpreter's packages (torch above all) when it has torch.
 SITE_PTH_MARK=/nonexistent
-if "$BASE_PYTHON" -c "import torch" 2>/dev/null; then
+if has "$BASE_PYTHON" torch; then
     SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
     # 'import' lines in a .pth run at start-up; addsitedir also honours that folder's own .pth files.
     "$BASE_PYTHON" -c "import site, sysconfig; dirs = dict.fromkeys(
@@ -73,9 +119,32 @@ except Exception:   # no pip in the venv, or a spec that is a path or URL: an im
     sys.exit(0)
 PYEOF
 }
+# Where torch comes from (TORCH_INDEX): a machine without an NVIDIA GPU gets the CPU build.
+torch_index() {
+    case "$TORCH_INDEX" in
+        pip) ;;
+        auto) if [ -z "$PIP_SRC" ] && [ "$(uname -s)" = Linux ] \
+                 && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
+                  echo "$CPU_TORCH_INDEX"
+              fi ;;
+        *) echo "$TORCH_INDEX" ;;
+    esac
+}
 if [ ! -f "$SITE_PTH_MARK" ] && ! torch_ok; then
-    echo "bootstrap: installing $TORCH_SPEC"
-    $PIP install -q $PIP_SRC "$TORCH_SPEC"
+    INDEX=$(torch_index)
+    if [ -n "$INDEX" ]; then
+        why=""
+        [ "$INDEX" = "$CPU_TORCH_INDEX" ] && why=" (no NVIDIA GPU here: the CPU build)"
+        echo "bootstrap: installing $TORCH_SPEC from $INDEX$why"
+        # few retries: an index that cannot be reached falls back to pip's own soon
+        if ! pip_logged install --index-url "$INDEX" --retries 1 --timeout 30 "$TORCH_SPEC"; then
+            echo "bootstrap: $INDEX did not give $TORCH_SPEC ($(last_error)); installing it from pip's own index"
+            pip_or_stop install $PIP_SRC "$TORCH_SPEC"
+        fi
+    else
+        echo "bootstrap: installing $TORCH_SPEC"
+        pip_or_stop install $PIP_SRC "$TORCH_SPEC"
+    fi
 fi
 
 # The rest of pyproject's dependencies, whatever is missing (pip leaves satisfied ones alone).
@@ -95,7 +164,7 @@ PYEOF
 )
 if [ -n "$MISSING" ]; then
     echo "bootstrap: installing $MISSING"
-    $PIP install -q $PIP_SRC $MISSING
+    pip_or_stop install $PIP_SRC $MISSING
 fi
 
 # extra NAME KNOB WHY: install pyproject's optional dependencies NAME; with KNOB=auto a machine
@@ -103,22 +172,23 @@ fi
 extra() {
     SPECS=$("$PY" -c "import sys, tomllib; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies'][sys.argv[1]]))" "$1")
     echo "bootstrap: installing $SPECS ($3)"
-    if ! $PIP install -q $PIP_SRC $SPECS; then
+    if ! pip_logged install $PIP_SRC $SPECS; then
         if [ "$2" = 1 ]; then
-            echo "bootstrap: $SPECS could not be installed, and it is required here" >&2
+            log_tail "$SPECS could not be installed, and it is required here"
             exit 1
         fi
-        echo "bootstrap: WARNING: $SPECS could not be installed on this machine; $4" >&2
+        echo "bootstrap: WARNING: $SPECS could not be installed on this machine ($(last_error);" \
+             "pip's output: $SETUP_LOG); $4" >&2
     fi
 }
 # Triton: the bundled Triton example and Triton submissions; without a GPU through its interpreter.
-if [ "$WITH_TRITON" != 0 ] && ! "$PY" -c "import triton" 2>/dev/null; then
+if [ "$WITH_TRITON" != 0 ] && ! has "$PY" triton; then
     extra triton "$WITH_TRITON" "Triton submissions run on its CPU interpreter without a GPU" \
         "Triton submissions get environment_error (not graded) here"
 fi
 # TileLang: the bundled TileLang example and TileLang submissions. It has no CPU interpreter:
 # without a GPU its kernels are lowered and compiled for the course GPU (nvcc), not run.
-if [ "$WITH_TILELANG" != 0 ] && ! "$PY" -c "import tilelang" 2>/dev/null; then
+if [ "$WITH_TILELANG" != 0 ] && ! has "$PY" tilelang; then
     extra tilelang "$WITH_TILELANG" "TileLang submissions; without a GPU they are compiled, not run" \
         "TileLang submissions get environment_error (not graded) here"
 fi
@@ -141,25 +211,45 @@ sys.exit(0 if Requirement(sys.argv[1]).specifier.contains(installed, prereleases
 PYEOF
 then
     echo "bootstrap: installing $CUTE_SPEC (CUTLASS/CuTe headers for the CuTe track)"
-    $PIP install -q --no-deps $PIP_SRC $CUTE_SPEC \
-        || echo "bootstrap: WARNING: $CUTE_SPEC could not be installed on this machine; CuTe submissions get environment_error (not graded) here" >&2
+    pip_logged install --no-deps $PIP_SRC $CUTE_SPEC \
+        || echo "bootstrap: WARNING: $CUTE_SPEC could not be installed on this machine ($(last_error);" \
+                "pip's output: $SETUP_LOG); CuTe submissions get environment_error (not graded) here" >&2
 fi
 # Playwright: drives the system's chromium in the browser test of the page.
 if [ "$WITH_BROWSER" = 1 ] || { [ "$WITH_BROWSER" = auto ] && { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1; }; then
-    if ! "$PY" -c "import playwright" 2>/dev/null; then
+    if ! has "$PY" playwright; then
         extra browser "$WITH_BROWSER" "the browser test drives the system chromium" \
             "the browser test of the page is skipped"
     fi
 fi
 
+# One import of torch (seconds on a busy machine) answers the rest: its version, its CUDA, and
+# whether numpy works with it ("version cuda numpy_ok").
+if ! PROBE=$("$PY" - 2>>"$SETUP_LOG" <<'PYEOF'
+import torch
+try:
+    import numpy
+    torch.from_numpy(numpy.zeros(1))
+    numpy_ok = 1
+except Exception:
+    numpy_ok = 0
+print(torch.__version__, torch.version.cuda or "none", numpy_ok)
+PYEOF
+); then
+    log_tail "torch does not import in $VENV, so set-up stopped"
+    exit 1
+fi
+set -- $(printf '%s\n' "$PROBE" | tail -n 1) none none 0   # its last line; stdout could hold more
+TORCH_VERSION=$1 TORCH_CUDA=$2 NUMPY_OK=$3
+
 # Headers for compile checks when torch has no CUDA.
-if "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" && command -v nvcc >/dev/null; then
+if [ "$TORCH_CUDA" = none ] && command -v nvcc >/dev/null; then
     CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
     if [ ! -f "$CUDA_INC/cusparse.h" ] && [ ! -f "$VENV/cuda-include/cusparse.h" ] \
        && [ ! -f "${GRADER_CUDA_INCLUDE:-/nonexistent}/cusparse.h" ]; then
         echo "bootstrap: fetching cuBLAS/cuSPARSE/cuSOLVER headers for compile checks"
         TMP=$(mktemp -d)
-        $PIP download -q --no-deps $PIP_SRC -d "$TMP" nvidia-cublas nvidia-cusparse nvidia-cusolver
+        pip_or_stop download --no-deps $PIP_SRC -d "$TMP" nvidia-cublas nvidia-cusparse nvidia-cusolver
         mkdir -p "$VENV/cuda-include"
         for w in "$TMP"/*.whl; do
             "$PY" -c "import sys, zipfile, os
@@ -173,17 +263,17 @@ for n in z.namelist():
 fi
 # torch without a working numpy warns on every import ("Failed to initialize NumPy") and cannot
 # convert tensors to arrays, which Triton's CPU interpreter does all the time: say so here, once.
-if ! "$PY" -c "import numpy, torch; torch.from_numpy(numpy.zeros(1))" >/dev/null 2>&1; then
+if [ "$NUMPY_OK" != 1 ]; then
     echo "bootstrap: WARNING: numpy does not work with this torch here; install the version" \
          "pyproject.toml names: $PIP install 'numpy<2.4'" >&2
 fi
-if [ "$WITH_TRITON" != 0 ] && "$PY" -c "import triton" 2>/dev/null; then
-    echo "bootstrap: Triton $("$PY" -c 'import triton; print(triton.__version__)') installed:" \
+if [ "$WITH_TRITON" != 0 ] && has "$PY" triton; then
+    echo "bootstrap: Triton $(version triton) installed:" \
          "Triton submissions run on its interpreter where there is no GPU (TRITON_INTERPRET=1)"
 fi
-if [ "$WITH_TILELANG" != 0 ] && "$PY" -c "import tilelang" 2>/dev/null; then
-    echo "bootstrap: TileLang $("$PY" -c 'import tilelang; print(tilelang.__version__)' 2>/dev/null) installed:" \
+if [ "$WITH_TILELANG" != 0 ] && has "$PY" tilelang; then
+    echo "bootstrap: TileLang $(version tilelang) installed:" \
          "where there is no GPU, TileLang submissions are compiled for the course GPU (nvcc), not run"
 fi
 printf '%s\n' "${KNOBS:-base=$BASE_PYTHON torch=$TORCH_SPEC triton=$WITH_TRITON tilelang=$WITH_TILELANG browser=$WITH_BROWSER}" > "$STAMP"
-echo "bootstrap: ready ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'))"
+echo "bootstrap: ready in $(( $(date +%s) - STARTED )) s (torch $TORCH_VERSION, CUDA $TORCH_CUDA); pip's output: $SETUP_LOG"

@@ -1,12 +1,14 @@
 import json
 import os
+import re
 import shutil
 import subprocess
+import threading
 
 import pytest
 
 from grader import build, config, reach
-from grader.build import BuildResult, build_submission, relevant_log
+from grader.build import BuildResult, StudentCheck, build_submission, relevant_log
 from grader.device import DeviceInfo
 from grader import sandbox as sandbox_mod
 from grader.sandbox import Sandbox
@@ -352,3 +354,121 @@ def test_result_files_from_before_kernels_were_recorded_still_load():
     new = BuildResult(Status.PASS, "extension", 40.0, kernels=("void k<64>(float*)",),
                       review=("cuda.cuda.o: &free",), audit_notes=("submission.cu line 3: x",))
     assert BuildResult.from_dict(json.loads(json.dumps(new.to_dict()))) == new
+
+
+# ---------------------------------------------------------------- a student's check (issue 34)
+# On a student's machine a build that runs past its limit is most often the machine (a busy
+# laptop timed the untouched skeleton out twice), and a silent compile of a minute looks hung.
+
+
+def test_a_checks_timeout_names_the_limit_to_raise_and_is_not_tried_again(make_submission,
+                                                                           tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "machine_load", lambda: 9.0)   # a course's build would try twice
+    calls = []
+    real = build._build_once
+    monkeypatch.setattr(build, "_build_once", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hang = make_submission("hang", "import time\ntime.sleep(600)\n")
+    r = build_submission(inspect_folder(hang), build_dir=tmp_path / "b", device=CPU,
+                         limits=config.Limits(import_s=2), student_check=StudentCheck())
+    assert r.status is Status.TIMEOUT and len(calls) == 1, r.message
+    assert r.message.startswith("the import of submission.py did not finish in 2 s: this machine "
+                                "may be slow or busy (load 9.0 per core when it began)")
+    assert "make check GRADER_IMPORT_S=900" in r.message
+    assert "the environment variable GRADER_IMPORT_S=900" in r.message
+    assert "not your fault" not in r.message and "instructor" not in r.message
+
+
+def test_a_message_names_the_grading_machine_in_a_course_and_this_machine_in_a_check(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "submission.cu").write_text("// x")
+    sub = inspect_folder(tmp_path / "s")
+    graded = build_submission(sub, build_dir=tmp_path / "b", device=CPU, limits=config.Limits())
+    checked = build_submission(sub, build_dir=tmp_path / "b", device=CPU, limits=config.Limits(),
+                               student_check=StudentCheck())
+    assert graded.message.startswith("the grading machine has no nvcc")
+    assert "the instructor fixes the machine and grades it again" in graded.message
+    assert checked.status is Status.ENVIRONMENT_ERROR
+    assert checked.message.startswith("this machine has no nvcc (the CUDA toolkit): install it or set "
+                                      "CUDA_HOME")
+    assert "instructor fixes" not in checked.message and "make env" in checked.message
+
+
+def test_slow_build_message_names_the_make_and_the_environment_variable(monkeypatch):
+    text = build.slow_build_message("compile", 300, source_name="submission.cu", phase="ptxas",
+                                    load=2.54)
+    assert text.startswith("the compile of submission.cu did not finish in 300 s (it was in: "
+                           "ptxas): this machine may be slow or busy (load 2.5 per core")
+    assert "make check GRADER_BUILD_S=900 (for python -m grader check, the environment variable " \
+           "GRADER_BUILD_S=900)." in text
+    # three times the limit, at least 900 s
+    assert "GRADER_BUILD_S=1500" in build.slow_build_message("compile", 500, source_name="s.cu",
+                                                             phase="", load=0.5)
+    assert "(it was in" not in build.slow_build_message("compile", 40, source_name="s.cu",
+                                                        phase="", load=0.5)
+    # the variables named are the ones the limits are read from
+    for what, variable in build.LIMIT_ENV.items():
+        monkeypatch.setenv(variable, "7")
+    limits = config.Limits.from_env()
+    assert (limits.build_s, limits.import_s) == (7.0, 7.0)
+
+
+# The processes of a compile check (nvcc -c) and of torch's ninja build, as /proc shows them
+# ((comm, argv), seen on the CPU machine on 2026-11-26): nvcc runs each tool through `sh -c`.
+PY = ("python3.11", ["/k/.venv/bin/python", "-m", "grader.build", "compile_only", "s.cu"])
+NVCC = ("nvcc", ["/usr/local/cuda/bin/nvcc", "-c", "/b/cuda.cu", "-o", "/b/cuda.cuda.o"])
+SH = ("sh", ["sh", "-c", "gcc -std=c++20 ..."])
+GCC = ("gcc", ["gcc", "-std=c++20", "-E", "-x", "c++", "/b/cuda.cu"])
+
+
+def tool(name: str, *args: str) -> tuple[str, list[str]]:
+    return name, [f"/usr/local/cuda/bin/{name}", *args]
+
+
+@pytest.mark.parametrize("running, phase", [
+    ([PY], "starting (Python, torch)"),
+    ([PY, NVCC], "nvcc"),
+    ([PY, NVCC, SH, GCC, ("cc1plus", ["/usr/lib/gcc/x86_64-linux-gnu/12/cc1plus", "-E", "-quiet"])],
+     "preprocessor"),
+    ([PY, NVCC, SH, tool("cudafe++", "--c++20")], "front end (cudafe++)"),
+    ([PY, NVCC, SH, ("cicc", ["/usr/local/cuda/nvvm/bin/cicc", "--c++20"])], "device code (cicc)"),
+    ([PY, NVCC, SH, tool("ptxas", "-arch=sm_90a")], "ptxas"),
+    ([PY, NVCC, SH, tool("fatbinary", "--create")], "fatbinary"),
+    ([PY, NVCC, SH, ("gcc", ["gcc", "-c", "-x", "c++"]),
+      ("cc1plus", ["/usr/lib/gcc/x86_64-linux-gnu/12/cc1plus", "-quiet", "cuda.cudafe1.cpp"])],
+     "host compiler"),
+    # torch's ninja build with a GPU: nvcc on cuda.cu beside c++ on main.cpp, then the link
+    ([PY, ("ninja", ["/k/.venv/bin/ninja", "-v"]), NVCC, SH, ("cicc", ["cicc"]),
+      ("c++", ["c++", "-c", "main.cpp"]), ("cc1plus", ["cc1plus", "main.cpp"])],
+     "device code (cicc) + host compiler"),
+    ([PY, ("ninja", ["ninja", "-v"]), ("c++", ["c++", "-shared", "main.o", "cuda.cuda.o"]),
+      ("collect2", ["/usr/lib/gcc/x86_64-linux-gnu/12/collect2", "-plugin"]), ("ld", ["/usr/bin/ld"])],
+     "link"),
+    ([PY, ("ninja", ["ninja", "-v"])], "ninja"),
+    ([], ""),
+])
+def test_build_phase_reads_which_tool_the_build_runs(running, phase):
+    assert build.build_phase(running) == phase
+    assert build.build_phase(list(reversed(running))) == phase   # the order /proc lists them in
+
+
+def test_progress_lines_say_what_runs_for_how_long_and_the_limit():
+    assert build.progress_line("compile", "submission.cu", "ptxas", 42.4, 300) == \
+        "compiling submission.cu: ptxas, 42 s (limit 300 s: GRADER_BUILD_S)"
+    assert build.progress_line("import", "submission.py", "", 12.0, 120) == \
+        "importing submission.py, 12 s (limit 120 s: GRADER_IMPORT_S)"
+
+
+def test_a_checks_build_reports_its_progress_while_it_runs_and_a_courses_does_not(
+        make_submission, tmp_path):
+    slow = make_submission("slow", "import time\ntime.sleep(6)\n"
+                                   "def custom_kernel(data):\n    return data[0]\n")
+    lines = []
+    r = build_submission(inspect_folder(slow), build_dir=tmp_path / "b", device=CPU,
+                         limits=config.Limits(), student_check=StudentCheck(lines.append, every_s=1.0))
+    assert r.status is Status.PASS, r.log_tail
+    assert len(lines) >= 2, lines
+    assert all(re.fullmatch(r"importing submission\.py, \d+ s \(limit 120 s: GRADER_IMPORT_S\)", l)
+               for l in lines), lines
+    seconds = [int(re.search(r", (\d+) s", l).group(1)) for l in lines]
+    assert seconds == sorted(seconds) and seconds[-1] >= 5, lines   # it slept 6 s
+    assert not [t for t in threading.enumerate() if t.name == "build-watch"]   # stopped with it

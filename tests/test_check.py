@@ -14,7 +14,9 @@ import sys
 import pytest
 
 from grader import config
+from grader.build import BuildResult
 from grader.cases import load_cases
+from grader.status import Status
 from grader.__main__ import check_usage, main
 
 from .conftest import has_nvcc
@@ -92,7 +94,8 @@ def test_check_prints_no_instructor_only_warning(tmp_path):
                           cwd=config.REPO_ROOT, env=env, timeout=600)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text[-3000:]   # returning Q is a mismatch
-    assert "mine: MISMATCH" in proc.stdout
+    # its case and the check's small CPU cases (test_cases/cpu.txt) ran, all on the CPU
+    assert proc.stdout.startswith("mine: CPU-MISMATCH (on the CPU: 5 of 5 cases ran)\n")
     for instructor_only in ("NOT SANDBOXED", "GRADER_SANDBOX", "the solution", "hidden cases",
                             "Failed to initialize NumPy"):
         assert instructor_only not in text, instructor_only
@@ -131,10 +134,26 @@ def test_verbose_check_summarises_ptxas_per_kernel(tmp_path):
         "ptxas info    : Used 168 registers, used 1 barriers, 24832 bytes smem, 400 bytes cmem[0]\n")
     [k] = ptxas_report(log.read_text())
     assert (k["registers"], k["spill_stores"], k["spill_loads"], k["smem"]) == (168, 8, 12, 24832)
-    text = build_summary({"arch": "90a", "cuda": False}, log, verbose=True)
+    passed = BuildResult(Status.PASS, "compile_only", 31.0)
+    text = build_summary(passed, {"arch": "90a", "cuda": False}, log, verbose=True)
     assert text.startswith("Compiled for sm_90a, the course GPU's architecture (no GPU here")
     assert "168 registers  8 B spill stores  12 B spill loads  0 B stack  24832 B static shared memory" in text
-    assert "make check VERBOSE=1" in build_summary({"arch": "90a"}, log, verbose=False)
+    assert "make check VERBOSE=1" in build_summary(passed, {"arch": "90a"}, log, verbose=False)
+
+
+def test_compiled_for_is_said_only_after_a_compile_that_passed(tmp_path):
+    """Issue 34: the check said "Compiled for sm_90a" after a compile that failed or never
+    finished. Nothing was compiled then: no summary at all."""
+    from grader.__main__ import build_summary
+    log = tmp_path / "b.log"
+    log.write_text("compile check for sm_90a (no GPU here: compiled, not run)\n")
+    for status in (Status.TIMEOUT, Status.BUILD_ERROR, Status.ENVIRONMENT_ERROR, Status.FLAGGED):
+        failed = BuildResult(status, "compile_only", 300.0, message="compile did not finish")
+        for verbose in (False, True):
+            assert build_summary(failed, {"arch": "90a"}, log, verbose=verbose) == "", status
+    assert build_summary(None, {"arch": "90a"}, log, verbose=False) == ""
+    assert build_summary(BuildResult(Status.PASS, "compile_only", 31.0), {"arch": "90a"}, log,
+                         verbose=False).startswith("Compiled for sm_90a")
 
 
 @pytest.mark.slow
@@ -184,6 +203,12 @@ def test_without_a_gpu_a_triton_submission_runs_on_the_small_public_cases(tmp_pa
     for case in small:
         assert re.search(rf"PASS\s+{case.id}\b", proc.stdout), proc.stdout[-3000:]
     assert "ran on the CPU: 4 of 7 cases (no CUDA device)" in proc.stdout
+    # issue 34: only CPU cases ran, and the first word says so; the GPU-sized cases did not run
+    assert proc.stdout.startswith("triton_flash: CPU-PASS (on the CPU: 4 of 7 cases ran; the 3 "
+                                  "others need a GPU: not run)\n"), proc.stdout[:500]
+    for case in load_cases(config.PUBLIC_CASES):
+        assert re.search(rf"\n  not run\s+{case.id}\n", proc.stdout), proc.stdout[-3000:]
+    assert json.loads((tmp_path / "out" / "triton_flash.json").read_text())["status"] == "pass"
     run = json.loads((tmp_path / "out" / "_run.json").read_text())
     assert {c["id"] for c in run["cases"]} >= {c.id for c in small}
     graded = subprocess.run([sys.executable, "-m", "grader", "grade", str(example.parent),
@@ -192,3 +217,66 @@ def test_without_a_gpu_a_triton_submission_runs_on_the_small_public_cases(tmp_pa
                             capture_output=True, text=True, cwd=config.REPO_ROOT, env=env, timeout=900)
     run = json.loads((tmp_path / "graded" / "_run.json").read_text())
     assert not {c["id"] for c in run["cases"]} & {c.id for c in small}, graded.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- a slow machine (issue 34)
+
+
+def test_a_checks_builds_report_to_its_display_and_a_courses_builds_do_not(tmp_path):
+    """The build stage's line of the check's display carries the build's progress: in place
+    every second in a terminal, a line every config.BUILD_PROGRESS_S seconds in a log. A
+    course's `grade` has every submission on its display: its builds report nothing."""
+    import dataclasses
+    import io
+    from grader import pipeline
+    from grader.device import DeviceInfo
+    from grader.progress import Progress
+    from grader.submission import inspect_folder
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "submission.cu").write_text("// mine\n")
+    sub = inspect_folder(tmp_path / "mine")
+    cpu = DeviceInfo(cuda=False, name="cpu", capability=None, arch="90a", l2_bytes=0,
+                     memory_bytes=0, sm_count=0, driver="none", torch_version="x",
+                     cuda_version=None, nvcc=None, python="3")
+    log = io.StringIO()
+    ctx = pipeline.GradeContext(cases=(), device=cpu, limits=config.Limits(), out_dir=tmp_path,
+                                build_dir=tmp_path / "b", progress=Progress(1, live=False, stream=log))
+    assert pipeline.student_check(ctx, sub) is None
+    check = pipeline.student_check(dataclasses.replace(ctx, student_check=True), sub)
+    assert check.every_s == config.BUILD_PROGRESS_S
+    check.report("compiling submission.cu: ptxas, 42 s (limit 300 s: GRADER_BUILD_S)")
+    assert re.search(r"\] mine: build: compiling submission\.cu: ptxas, 42 s \(limit 300 s: "
+                     r"GRADER_BUILD_S\)\n$", log.getvalue()), log.getvalue()
+    terminal = Progress(1, live=True, stream=io.StringIO())
+    try:
+        if terminal.in_place:   # rich is installed: the line is updated in place
+            live = dataclasses.replace(ctx, student_check=True, progress=terminal)
+            assert pipeline.student_check(live, sub).every_s == 1.0
+    finally:
+        terminal.close()
+
+
+def test_a_check_whose_import_runs_past_its_limit_names_the_limit_to_raise(tmp_path):
+    """What `check` says when its build (here a Python file's import) runs past its limit on the
+    student's own machine: a timeout of this machine, with the variable that raises the limit,
+    never the grading machine's environment_error or "the instructor fixes the machine"."""
+    sub = tmp_path / "subs" / "mine"
+    sub.mkdir(parents=True)
+    (sub / "submission.py").write_text("import time\ntime.sleep(600)\n\n"
+                                       "def custom_kernel(data):\n    return data[0]\n")
+    cases = tmp_path / "cases.txt"
+    cases.write_text("batch_size: 1; num_heads: 1; seq_len: 5; head_dim: 64; seed: 3\n")
+    env = dict(os.environ, GRADER_SANDBOX="off", GRADER_IMPORT_S="4")
+    proc = subprocess.run([sys.executable, "-m", "grader", "check", str(sub), "--out",
+                           str(tmp_path / "out"), "--cases", str(cases), "--no-hidden", "--cpu",
+                           "--build-dir", str(tmp_path / "build")],
+                          capture_output=True, text=True, cwd=config.REPO_ROOT, env=env, timeout=600)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    assert "mine: TIMEOUT" in proc.stdout
+    assert "the import of submission.py did not finish in 4 s: this machine may be slow or busy" \
+        in proc.stdout
+    assert "make check GRADER_IMPORT_S=900" in proc.stdout
+    for wrong in ("ENVIRONMENT_ERROR", "environment_error", "instructor", "tried twice",
+                  "Compiled for"):
+        assert wrong not in text, wrong

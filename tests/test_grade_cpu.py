@@ -188,7 +188,7 @@ def test_check_prints_the_failed_case_and_the_todo(tmp_path, make_submission):
                    str(tmp_path / "b"), "--cases", str(cases), "--no-hidden", "--cpu")
     assert proc.returncode == 1
     text = proc.stdout
-    assert "mine: MISMATCH" in text and "b1_h2_s1_d64" in text
+    assert "mine: CPU-MISMATCH" in text and "b1_h2_s1_d64" in text   # its cases ran on the CPU
     assert "the output is all zeros" in text and "Hint:" in text and "TODO(1.1)" in text
 
 

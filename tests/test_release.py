@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -33,9 +34,25 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def unpacked(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist")
-    archive = release.build(out)
+def released(tmp_path_factory):
+    """`make release` in a checkout with no .venv (a fresh clone: what release.py reads and the
+    Makefile): the checkout, and the archive it built."""
+    repo = tmp_path_factory.mktemp("course")
+    needed = [src for src, _ in release.release_files()] + [
+        ROOT / p for p in ("Makefile", "scripts/release.py", "solution/submission.cu",
+                           "test_cases/hidden.txt")]
+    for src in needed:
+        (repo / src.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, repo / src.relative_to(ROOT))
+    proc = subprocess.run(["make", "release", f"DIST={repo / 'dist'}"], cwd=repo, env=kit_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return repo, repo / "dist" / f"{release.NAME}.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def unpacked(released, tmp_path_factory):
+    _, archive = released
     dest = tmp_path_factory.mktemp("unpacked")
     with tarfile.open(archive) as tar:
         # the 'data' filter (safe extraction) exists from Python 3.11.4 / 3.12 on
@@ -188,7 +205,7 @@ def test_make_check_of_the_cute_track_from_the_unpacked_release(unpacked):
     out = proc.stdout
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "cute: NOT_RUN" in out and "compiled; not run: no CUDA device" in out, out[-3000:]
-    assert "cutlass_library/source/include" in (unpacked / "results" / "check" / "logs"
+    assert "cutlass_library/source/include" in (unpacked / "results" / "check" / "cute" / "logs"
                                                 / "cute.build.log").read_text()
     assert not [w for w in INSTRUCTOR_ONLY if w in out + proc.stderr]
 
@@ -204,7 +221,10 @@ def test_make_check_of_the_triton_track_from_the_unpacked_release(unpacked):
                           env=kit_env(), capture_output=True, text=True, timeout=900)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in text, text[-4000:]   # the skeleton is wrong
-    assert "triton: MISMATCH" in proc.stdout, proc.stdout[-3000:]
+    # its cases ran on the CPU, and its first word says so; the public cases sized for a GPU did not
+    assert ("\ntriton: CPU-MISMATCH (on the CPU: 4 of 7 cases ran; the 3 others need a GPU: not "
+            "run)\n") in "\n" + proc.stdout, proc.stdout[-3000:]
+    assert re.search(r"not run\s+b4_h64_s8192_d128\n", proc.stdout)
     assert "ran on the CPU: 4 of 7 cases (no CUDA device)" in proc.stdout
     assert ("O is all zeros: nothing was written to it. Start with TODO(1.1) (the scores) and "
             "TODO(1.4) (writing the output). The first TODO still on the skeleton's code is "
@@ -228,7 +248,10 @@ def test_make_check_of_the_tilelang_track_from_the_unpacked_release(unpacked):
                           env=kit_env(), capture_output=True, text=True, timeout=900)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "Traceback" not in text, text[-4000:]
-    assert "tilelang: NOT_RUN" in proc.stdout, proc.stdout[-3000:]
+    # nothing ran, and nothing says a case ran (issue 34: "ran on the CPU: 4 of 7 cases")
+    assert "\ntilelang: NOT_RUN (nothing ran: no CUDA device)\n" in "\n" + proc.stdout, \
+        proc.stdout[-3000:]
+    assert "ran on the CPU" not in proc.stdout and not re.search(r"\d+ of \d+ cases ran", proc.stdout)
     assert "PASS" not in proc.stdout and "pass" not in proc.stdout.split("Cases:")[1].split("Hint")[0]
     assert ("TileLang lowered your kernel to CUDA and nvcc compiled it for sm_90a on 4 small cases; "
             "none of them ran (TileLang has no CPU interpreter)") in proc.stdout
@@ -246,3 +269,148 @@ def test_handout_performance_table_is_generated_from_the_bench_results():
     assert not stale, f"{stale}: performance figures stale or hand-edited: run scripts/perf_table.py"
     handout = perf.HANDOUT.read_text()
     assert results["device"] in handout and "SDPA FLASH" in handout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not has_nvcc(), reason="the compile check needs nvcc")
+def test_a_slow_compile_in_the_unpacked_release_names_the_limit_to_raise(unpacked, tmp_path):
+    """Issue 34: on a busy laptop the skeleton's compile check ran past its limit and the check
+    said ENVIRONMENT_ERROR, "the instructor fixes the machine", and "Compiled for sm_90a". From
+    the kit's student/ folder, `make check GRADER_BUILD_S=40` with an nvcc that compiles and then
+    hangs (sleep: slow for certain on any machine) must: reach the grader (the limit it names is
+    40 s), show the compile's progress while it runs, and end with a timeout of this machine
+    that names the variable to raise, never a "Compiled for" line. A student's laptop has no
+    bubblewrap (GRADER_SANDBOX=off): the wrapper lives outside the folders a sandbox shows."""
+    import shlex
+    from grader.build import BUILD_PHASES
+    from grader.device import find_nvcc
+    cuda = tmp_path / "slow-cuda"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\n{shlex.quote(find_nvcc())} "$@" || exit\nexec sleep 600\n')
+    nvcc.chmod(0o755)
+    env = dict(kit_env(), CUDA_HOME=str(cuda), GRADER_SANDBOX="off")
+    proc = subprocess.run(["make", "check", "GRADER_BUILD_S=40"], cwd=unpacked / "student",
+                          env=env, capture_output=True, text=True, timeout=1200)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode != 0, out[-3000:] + err[-3000:]   # make's 2: the check's 1
+    assert "student: TIMEOUT" in out, out[-3000:]
+    assert "the compile of submission.cu did not finish in 40 s" in out, out[-3000:]
+    assert "this machine may be slow or busy" in out and "make check GRADER_BUILD_S=900" in out
+    progress = re.findall(r"student: build: compiling submission\.cu(?:: ([^,]+))?, (\d+) s "
+                          r"\(limit 40 s: GRADER_BUILD_S\)", err)
+    assert len(progress) >= 2, err[-3000:]   # one every 12 s of the 40
+    phases = {p for p, _ in progress}
+    assert phases & {*BUILD_PHASES, "nvcc", "starting (Python, torch)"}, err[-3000:]
+    # where it was when the limit stopped it: one of nvcc's tools, or the wrapper's sleep
+    stopped_in = re.search(r"did not finish in 40 s \(it was in: (.+?)\): this machine", out)
+    assert stopped_in and stopped_in.group(1) in {*BUILD_PHASES, "nvcc"}, out[-3000:]
+    assert "check] Error 1" in err   # the grader's own exit status: a verdict, not a usage error
+    for wrong in ("Compiled for", "ENVIRONMENT_ERROR", "environment_error", "instructor",
+                  "tried twice", *INSTRUCTOR_ONLY):
+        assert wrong not in out + err, wrong
+
+
+# ---------------------------------------------------------------- issue 34: one set-up, parallel checks
+
+
+def test_make_release_makes_no_venv(released):
+    """`make release` needs only the base Python (release.py uses its standard library): it made
+    a .venv the kit could not use (a venv cannot move), and the kit's first `make check` then made
+    its own. Now it sets up nothing, and the archive holds no venv."""
+    repo, archive = released
+    assert not (repo / ".venv").exists()
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert names and not [n for n in names if ".venv" in n.split("/")]
+
+
+def tiny_wheel(folder, name: str):
+    """A wheel of one empty module, for pip to install offline."""
+    import zipfile
+    info = f"{name}-1.0.dist-info"
+    files = {f"{name}.py": "",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+
+
+@pytest.mark.slow
+def test_the_kits_set_up_keeps_pips_output_in_a_log(unpacked, tmp_path):
+    """The kit's one set-up shows a line per step and keeps pip's own output (41 warnings in the
+    trial of issue 34) in .venv/setup.log; a step pip fails names the log and shows its last
+    lines. Offline (the kit's .whl folder): a dependency there installs, one nowhere fails."""
+    kit = tmp_path / "kit"
+    shutil.copytree(unpacked, kit, ignore=shutil.ignore_patterns(".venv", "results", "build"))
+    (kit / ".whl").mkdir()
+    tiny_wheel(kit / ".whl", "setup_log_probe")
+    pyproject = kit / "pyproject.toml"
+    original = pyproject.read_text()
+    last = '    "nvidia-ml-py",\n'
+    assert last in original
+
+    def set_up(*deps: str) -> subprocess.CompletedProcess:
+        pyproject.write_text(original.replace(last, last + "".join(f'    "{d}",\n' for d in deps)))
+        return subprocess.run(["make", "env"], cwd=kit, env=kit_env(), capture_output=True,
+                              text=True, timeout=1200)
+
+    log = kit / ".venv" / "setup.log"
+    failed = set_up("setup_log_probe", "no_such_package_for_this_test")
+    assert failed.returncode != 0, failed.stdout[-3000:]
+    assert ("bootstrap: pip install failed, so set-up stopped; pip's output is in .venv/setup.log, "
+            "whose last lines are:") in failed.stderr, failed.stderr[-3000:]
+    shown = [l for l in failed.stderr.splitlines() if "no_such_package_for_this_test" in l]
+    assert any("No matching distribution found" in l for l in shown), failed.stderr[-3000:]
+    assert all(l.startswith("    ") for l in shown)   # pip's lines only as the log's tail
+    assert "No matching distribution found for no_such_package_for_this_test" in log.read_text()
+
+    done = set_up("setup_log_probe")
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert "bootstrap: installing setup_log_probe" in done.stdout
+    assert re.search(r"^bootstrap: ready in \d+ s \(torch .*\); pip's output: \.venv/setup\.log$",
+                     done.stdout, re.M), done.stdout
+    assert [l for l in text.splitlines() if l.strip() and not l.startswith("bootstrap: ")] == []
+    assert len(text.splitlines()) <= 8
+    logged = log.read_text()
+    assert "Successfully installed setup_log_probe-1.0" in logged
+    assert "no_such_package_for_this_test" not in logged   # the log is this set-up's
+
+
+def test_checks_of_two_folders_run_at_once_and_one_folder_twice_names_out(unpacked, tmp_path):
+    """Issue 34: a Triton check was refused while a CUDA compile held results/check. Each folder's
+    check has a results folder of its own (results/check/<folder>): a check runs while another
+    folder's check holds its lock, and a second check of the same folder is refused with the way
+    around (--out). The first check is stood for by its lock, held here."""
+    from grader.locks import folder_lock
+    for name in ("mine_a", "mine_b"):
+        (unpacked / name).mkdir(exist_ok=True)
+        (unpacked / name / "submission.py").write_text("def custom_kernel(data):\n    return data[0]\n")
+    cases = tmp_path / "cases.txt"
+    cases.write_text("batch_size: 1; num_heads: 1; seq_len: 5; head_dim: 64; seed: 3\n")
+
+    def check(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "grader", "check", name, "--cases", str(cases),
+                               "--no-hidden", "--cpu", "--build-dir", str(tmp_path / "build")],
+                              cwd=unpacked, env=dict(kit_env(), GRADER_SANDBOX="off"),
+                              capture_output=True, text=True, timeout=900)
+
+    running = folder_lock(unpacked / "results" / "check" / "mine_a")   # mine_a's check, running
+    running.acquire()
+    try:
+        other = check("mine_b")
+        same = check("mine_a")
+    finally:
+        running.release()
+    assert other.returncode == 1, other.stdout[-3000:] + other.stderr[-3000:]   # returns Q: mismatch
+    assert other.stdout.startswith("mine_b: CPU-MISMATCH") and "in use" not in other.stderr
+    assert (unpacked / "results" / "check" / "mine_b" / "mine_b.json").is_file()
+    assert same.returncode == 2 and same.stdout == ""
+    assert "the results folder" in same.stderr and "is in use by another grading run" in same.stderr
+    assert re.search(r"or give this run a results folder of its own with --out: \S*python\S* -m grader "
+                     r"check mine_a .*--out results/check/mine_a-2\. Lock file", same.stderr), same.stderr
+    assert not (unpacked / "results" / "check" / "mine_a" / "mine_a.json").exists()

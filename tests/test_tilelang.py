@@ -210,6 +210,9 @@ def test_without_a_gpu_the_example_is_compiled_for_the_course_gpu_and_not_run(tm
     assert result["status"] == "not_run" and "tilelang_flash: NOT_RUN" in proc.stdout
     assert ("TileLang lowered attention_kernel to CUDA and nvcc compiled it for "
             f"sm_{config.DEFAULT_CUDA_ARCH}") in result["cases"][0]["message"]
+    # issue 34: it says nothing ran, and no note claims a case ran on the CPU
+    assert proc.stdout.startswith("tilelang_flash: NOT_RUN (nothing ran: no CUDA device)\n")
+    assert "ran on the CPU" not in proc.stdout and not any("ran on" in n for n in result["notes"])
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
