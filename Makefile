@@ -30,7 +30,7 @@ BUILD_CACHE ?=
 PYTEST_ARGS ?=
 DIST ?= dist
 # Issue 13: EXECUTOR=slurm grades (or checks: issue 15) on Slurm nodes through submitit
-# (grader/slurm.py): PARTITION is the nodes' partition, SLURM_WORKERS the grading array's tasks
+# (grader/executors/slurm.py): PARTITION is the nodes' partition, SLURM_WORKERS the grading array's tasks
 # (each grades a share), SLURM_ARGS any more options ("--slurm-time 120 --slurm-arg mem=64G").
 EXECUTOR ?= local
 PARTITION ?=
@@ -50,7 +50,7 @@ CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
 KNOBS := base=$(PYTHON_BASE) torch=$(TORCH_SPEC) triton=$(WITH_TRITON) tilelang=$(WITH_TILELANG) browser=$(WITH_BROWSER) chromium=$(CHROMIUM)
 STAMP := $(VENV)/.ready-$(shell printf '%s' '$(KNOBS)' | cksum | cut -d' ' -f1)
 
-.PHONY: env grade check leaderboard review test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
+.PHONY: env grade check leaderboard review lint test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
 
 env: $(STAMP)
 
@@ -63,7 +63,7 @@ grade: env
 	$(PY) -m grader grade $(SUBMISSIONS) $(GRADE_ARGS) $(if $(ROSTER),--roster $(ROSTER)) \
 	  $(if $(GPUS),--gpus $(GPUS)) $(EXECUTOR_ARGS) $(if $(SLURM_WORKERS),--slurm-workers $(SLURM_WORKERS))
 
-# A slow or busy machine's check may need more time (seconds, grader/config.py Limits): the
+# A slow or busy machine's check may need more time (seconds, grader/common/config.py Limits): the
 # compile's, GRADER_BUILD_S (default 300), and a Python file's import's, GRADER_IMPORT_S (default
 # 120): make check GRADER_BUILD_S=900. The grader reads them from its environment.
 CHECK_LIMITS = $(if $(GRADER_BUILD_S),GRADER_BUILD_S='$(GRADER_BUILD_S)') \
@@ -75,7 +75,7 @@ check: env
 leaderboard: env
 	$(PY) -m grader leaderboard --out $(RESULTS) $(REPORT_ARGS)
 
-# Issue 30: the review queue (grader/review.py). Without ID: list it; ID alone: that submission in
+# Issue 30: the review queue (grader/course/review.py). Without ID: list it; ID alone: that submission in
 # full, its source too; ID with DECISION (cleared or disqualified) and NOTE: record the decision
 # and re-render the page and exports. ID, DECISION and NOTE reach the command through the
 # environment, so a note may hold any quote or space.
@@ -83,8 +83,14 @@ review: env
 	$(PY) -m grader review --out $(RESULTS) $(REPORT_ARGS) $(if $(DECISION),--decision "$$DECISION") \
 	  $(if $(NOTE),--note "$$NOTE") $(if $(ID),-- "$$ID")
 
-test: env
+test: env lint
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+# The grader's layers (docs/design.md): import-linter's contracts in pyproject.toml.
+lint: env
+	@$(PY) -c "import importlinter" 2>/dev/null || { echo "make lint: import-linter is not \
+	installed in $(VENV) (make env installs it where pip can reach it: pip install 'import-linter>=2.1')"; exit 1; }
+	$(VENV)/bin/lint-imports
 
 test-gpu: env
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)

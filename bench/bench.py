@@ -25,14 +25,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grader import config  # noqa: E402
-from grader.baselines import BASELINES  # noqa: E402
-from grader.cases import load_all_cases, load_cases  # noqa: E402
-from grader.compare import compare_outputs  # noqa: E402
-from grader.device import detect  # noqa: E402
-from grader.inputs import make_inputs  # noqa: E402
-from grader.reference import attention_reference  # noqa: E402
-from grader.subject.loop import load_builtin, load_extension  # noqa: E402
+from grader.common import config  # noqa: E402
+from grader.problem import BASELINES  # noqa: E402
+from grader.problem import load_all_cases, load_cases  # noqa: E402
+from grader.trusted.compare import compare_outputs  # noqa: E402
+from grader.isolation.device import detect  # noqa: E402
+from grader.problem import make_inputs  # noqa: E402
+from grader.problem import attention_reference  # noqa: E402
+from grader.subject.load import load_builtin, load_extension  # noqa: E402
 
 from inprocess import time_in_process  # noqa: E402
 
@@ -48,7 +48,7 @@ STAGES = {"stage 1: naive (examples/naive_cuda)": ROOT / "examples" / "naive_cud
 def build_variant(name: str, flags: list[str], arch: str, build_root: Path,
                   source: Path = config.SOLUTION_DIR / "submission.cu") -> tuple[str, Path | None, str]:
     module = f"solution_{name}"
-    cmd = [sys.executable, "-m", "grader.build", "extension", str(source),
+    cmd = [sys.executable, "-m", "grader.build.stage", "extension", str(source),
            "--name", module, "--build-dir", str(build_root / module), "--arch", arch,
            "--cuda-flag=-Xptxas=-v", *[f"--cuda-flag={f}" for f in flags]]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -42,11 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader import config  # noqa: E402
-from grader.procs import default_build_jobs, split_cpus  # noqa: E402
-from grader.results import (LOOP_PARTS, RUN_PHASES, TIME_PHASES, RunFileError,  # noqa: E402
+from grader.common import config  # noqa: E402
+from grader.isolation.cpus import default_build_jobs, split_cpus  # noqa: E402
+from grader.course.results import (LOOP_PARTS, RUN_PHASES, TIME_PHASES, RunFileError,  # noqa: E402
                             SubmissionResult, read_results, read_run)
-from grader.submission import CUDA_FILE, PYTHON_FILE  # noqa: E402
+from grader.course.submission import CUDA_FILE, PYTHON_FILE  # noqa: E402
 
 WORK = ROOT / "build" / "bench-grader"
 HONEST = (ROOT / "examples" / "triton_flash", ROOT / "solution")
@@ -124,11 +124,11 @@ def _copy(template: Path, dest: Path, *, note: str) -> None:
 def _honest_verdict(template: Path, gpu: bool) -> str:
     """What an honest copy must get: pass (a CUDA one without a GPU: compiled, not run), or, for
     Python the audit cannot account for (a kernel in numpy, as the CPU tests' copies are:
-    grader/allowlist.py), review: graded, not ranked."""
+    grader/trusted/audit/allowlist.py), review: graded, not ranked."""
     if (template / CUDA_FILE).is_file():
         return "pass" if gpu else "not_run"
-    from grader.allowlist import audit_folder
-    from grader.submission import read_sources
+    from grader.trusted.audit.allowlist import audit_folder
+    from grader.course.submission import read_sources
     found = audit_folder(read_sources(template), template)
     return "flagged" if found.flagged else "review" if found.review else "pass"
 

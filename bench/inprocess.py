@@ -1,6 +1,6 @@
 """In-process timing for benchmarks of our own trusted code (the solution, the baselines): CUDA
 events around each call, warm-up, L2 flushed, fresh inputs per call. Grading never uses this: a
-submission is timed by grader/harness.py from another process. The protocol's overhead is the
+submission is timed by grader/trusted/harness.py from another process. The protocol's overhead is the
 harness's median against this one's, for the same kernel (bench/protocol_overhead.py)."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import time
 
 import torch
 
-from grader import config
-from grader.inputs import make_random_inputs
-from grader.timing import TimingStats, relative_standard_error, summarize
+from grader.common import config
+from grader.problem import make_random_inputs
+from grader.trusted.timing import relative_standard_error, summarize
+from grader.course.verdicts import TimingStats
 
 
 def time_in_process(fn, shape, *, flops: int, budget_s: float, l2_bytes: int) -> TimingStats:

@@ -53,7 +53,7 @@ def log(*a) -> None:
 
 def build(name: str, flags: list[str], arch: str, build_root: Path) -> dict:
     module = f"kernel6_check_{name}"
-    cmd = [sys.executable, "-m", "grader.build", "extension", str(ROOT / "solution" / "submission.cu"),
+    cmd = [sys.executable, "-m", "grader.build.stage", "extension", str(ROOT / "solution" / "submission.cu"),
            "--name", module, "--build-dir", str(build_root / module), "--arch", arch,
            "--cuda-flag=-Xptxas=-v", *[f"--cuda-flag={f}" for f in flags]]
     t0 = time.monotonic()
@@ -112,7 +112,7 @@ def main() -> int:
         return check_pipeline_model()
 
     import torch
-    from grader.device import arch_for
+    from grader.isolation.device import arch_for
     if not torch.cuda.is_available():
         log("kernel6_check needs a CUDA device")
         return 2
@@ -209,11 +209,11 @@ def summarise(results: dict, versions: list[str]) -> str:
 
 def child(args) -> int:
     import torch
-    from grader import config
-    from grader.cases import Case, load_all_cases, load_cases
-    from grader.compare import compare_outputs
-    from grader.inputs import make_inputs
-    from grader.reference import attention_plain_fp16, attention_reference
+    from grader.common import config
+    from grader.problem import Case, load_all_cases, load_cases
+    from grader.trusted.compare import compare_outputs
+    from grader.problem import make_inputs
+    from grader.problem import attention_plain_fp16, attention_reference
 
     res: dict = dict(checks=[], timings=[], all_ok=False)
 
@@ -221,10 +221,10 @@ def child(args) -> int:
         args.result.write_text(json.dumps(res, indent=1))
 
     if args.sdpa:
-        from grader.subject.loop import load_builtin
+        from grader.subject.load import load_builtin
         rows = {"SDPA cuDNN": load_builtin("sdpa_cudnn"), "SDPA FLASH": load_builtin("sdpa_flash")}
     else:
-        from grader.subject.loop import load_extension
+        from grader.subject.load import load_extension
         fn = load_extension(args.so, args.module)
         name = args.name
         rows = {name: fn}

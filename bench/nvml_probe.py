@@ -6,7 +6,7 @@ GPU work.
 
 Standalone: torch and pynvml (the nvidia-ml-py package) only, none of the grader. It runs three
 patterns of work, each for PATTERN_S seconds in a child process (the parent never touches CUDA, as
-the grader's harness reads NVML about a subject), and reads NVML meanwhile, as grader/harness.py
+the grader's harness reads NVML about a subject), and reads NVML meanwhile, as grader/trusted/harness.py
 BusyWatch does: the whole GPU's samples (nvmlDeviceGetSamples, NVML_GPU_UTILIZATION_SAMPLES) and
 each process's (nvmlDeviceGetProcessUtilization), from a cursor, every READ_EVERY_S.
 

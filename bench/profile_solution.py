@@ -1,5 +1,5 @@
 """Run the reference solution on one shape (and SDPA's cuDNN backend after it, with --cudnn), for
-a profiler to attach to. Builds the solution as the grader does (grader.build, with the CUDA
+a profiler to attach to. Builds the solution as the grader does (grader.build.stage, with the CUDA
 driver linked), so a run also shows that its module loads.
 
     ncu --clock-control none -k regex:attention_kernel6 -c 1 --section SpeedOfLight \
@@ -17,11 +17,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from grader import config  # noqa: E402
-from grader.build import build_extension  # noqa: E402
-from grader.device import detect  # noqa: E402
-from grader.inputs import make_random_inputs  # noqa: E402
-from grader.subject.loop import load_extension  # noqa: E402
+from grader.common import config  # noqa: E402
+from grader.build.child import build_extension  # noqa: E402
+from grader.isolation.device import detect  # noqa: E402
+from grader.problem import make_random_inputs  # noqa: E402
+from grader.subject.load import load_extension  # noqa: E402
 
 
 def main() -> None:

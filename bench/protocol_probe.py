@@ -6,7 +6,7 @@
 
 For trusted subjects only (the harness's null subjects, the SDPA rows and, with --solution, the
 reference solution built here), each with the subject's profiler off and then on (the timed loop
-runs with it on), it drives calls exactly as grader/harness.py's timing loop does and prints,
+runs with it on), it drives calls exactly as grader/trusted/harness.py's timing loop does and prints,
 per subject, medians of: the harness's two clocks, the subject's CUDA events around the call and
 around the copy into the shared output, the host latencies either side (request written -> its
 line read, line read -> call taken up, work done -> reply written, reply written -> read; one
@@ -31,10 +31,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from grader import config, harness  # noqa: E402
-from grader.cases import Case  # noqa: E402
-from grader.procs import child_env, split_cpus  # noqa: E402
-from grader.sandbox import Sandbox, default_layout  # noqa: E402
+from grader.common import config
+
+from grader.trusted import call_checks, timed_calls  # noqa: E402
+from grader.problem import Case  # noqa: E402
+from grader.isolation.procs import child_env  # noqa: E402
+from grader.isolation.cpus import split_cpus  # noqa: E402
+from grader.isolation.sandbox import Sandbox, default_layout  # noqa: E402
 
 SUBJECT = ROOT / "grader" / "subject" / "loop.py"
 LARGEST = Case(batch_size=4, num_heads=64, seq_len=8192, head_dim=128, seed=1)
@@ -57,10 +60,10 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
                 cwd=str(ROOT), head_bytes=1 << 16, tail_bytes=1 << 16, file_bytes=1 << 30,
                 deadline_s=600, case=LARGEST.to_dict(), l2_bytes=l2_bytes, env=child_env(cuda=True))
     deadline = time.monotonic() + 600
-    link, call, failed = harness.open_call(spec, deadline)
+    link, call, failed = timed_calls.open_call(spec, deadline)
     if failed is not None:
         return dict(failed=failed)
-    clocks, verify, case, pick = [], harness.new_verify(), LARGEST, random.Random(0)
+    clocks, verify, case, pick = [], call_checks.new_verify(), LARGEST, random.Random(0)
     try:
         for i in range(config.TIMING_WARMUP_CALLS + 1):
             if profiled and i == config.TIMING_WARMUP_CALLS:
@@ -70,7 +73,7 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
         for i in range(calls):
             clock, inputs = call.run(seed=100 + i)
             clocks.append((clock.wall_ms, clock.fence_ms()))
-            harness.verify_call(verify, i, call.snapshot, inputs, case, pick)   # as the timed loop does
+            call_checks.verify_call(verify, i, call.snapshot, inputs, case, pick)   # as the timed loop does
             del inputs
         link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
     finally:
@@ -96,7 +99,7 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
 
 
 def build_solution(arch: str) -> dict:
-    from grader.build import build_extension
+    from grader.build.child import build_extension
     out = ROOT / "build" / "probe"
     path = build_extension(ROOT / "solution" / "submission.cu", "probe_solution", out, arch)
     return dict(kind="cuda", artifact=str(path), module_name="probe_solution")
@@ -114,7 +117,7 @@ def main() -> int:
     p.add_argument("--profiler", choices=("on", "off", "both"), default="both")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "protocol_probe.json")
     a = p.parse_args()
-    from grader.device import detect
+    from grader.isolation.device import detect
     device = detect()
     sandbox = Sandbox.probe(**default_layout())
     targets = [("null", dict(kind="builtin", name="null")),

@@ -30,10 +30,11 @@ import torch  # noqa: E402
 
 IMPORT_TORCH_S = time.perf_counter() - t0
 
-from grader import config  # noqa: E402
-from grader.cases import load_all_cases  # noqa: E402
-from grader.inputs import make_inputs  # noqa: E402
-from grader.subject.loop import launched_names, load_python  # noqa: E402
+from grader.common import config  # noqa: E402
+from grader.problem import load_all_cases  # noqa: E402
+from grader.problem import make_inputs  # noqa: E402
+from grader.subject.loop import launched_names  # noqa: E402
+from grader.subject.load import load_python  # noqa: E402
 
 
 def timed(fn):

@@ -128,8 +128,8 @@ def against_in_process(out: Path, run: dict, med: dict) -> dict:
     """Harness median over this process's event-timed median, same kernel, same GPU, same run."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "bench"))
-    from grader.cases import Case
-    from grader.subject.loop import load_builtin, load_extension
+    from grader.problem import Case
+    from grader.subject.load import load_builtin, load_extension
     from inprocess import time_in_process
     line = next(c["line"] for c in run["cases"] if c["id"] == run["timed_case"])
     fields = dict(part.split(": ") for part in line.split("; "))

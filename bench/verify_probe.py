@@ -2,7 +2,7 @@
 
     python bench/verify_probe.py [--calls 20] [--out bench/verify_probe.json]
 
-Between two timed calls the harness checks the output the call left (harness.verify_call): every
+Between two timed calls the harness checks the output the call left (call_checks.verify_call): every
 element written, and config.TIMING_VERIFY_HEADS (batch, head) slices against SDPA. Before issue 13
 it compared the whole output with SDPA. This times both on the largest public case, with the
 inputs and the output a timed call leaves, and also the rest of a call's own work on this side
@@ -26,9 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from grader import config, harness  # noqa: E402
-from grader.cases import largest, load_cases  # noqa: E402
-from grader.inputs import make_random_inputs  # noqa: E402
+from grader.common import config
+
+from grader.trusted import call_checks  # noqa: E402
+from grader.problem import largest, load_cases  # noqa: E402
+from grader.problem import make_random_inputs  # noqa: E402
 
 
 def timed_ms(fn, calls: int) -> float:
@@ -56,7 +58,7 @@ def main() -> None:
     pick = random.Random(0)
 
     def verify(heads: int):
-        harness.verify_call(harness.new_verify(), 0, got, inputs, case, pick, heads=heads)
+        call_checks.verify_call(call_checks.new_verify(), 0, got, inputs, case, pick, heads=heads)
 
     def call_work():   # what Call.run does on this side besides the call itself
         fresh = make_random_inputs(case.shape, seed=2, device="cuda")

@@ -192,6 +192,11 @@ if [ "$WITH_TILELANG" != 0 ] && ! has "$PY" tilelang; then
     extra tilelang "$WITH_TILELANG" "TileLang submissions; without a GPU they are compiled, not run" \
         "TileLang submissions get environment_error (not graded) here"
 fi
+# import-linter: `make lint` checks the grader's import contracts (pyproject.toml). Wanted where
+# `make test` runs; a machine that cannot get it (offline) is told so, and only `make lint` stops.
+if ! has "$PY" importlinter; then
+    extra lint auto "make lint checks the grader's layers" "make lint (part of make test) cannot run here"
+fi
 # CUTLASS/CuTe headers (the CuTe track): pyproject's `cute` extra, the nvidia-cutlass wheel, with
 # --no-deps: the grader reads only the headers it ships, never its Python package. Wanted on every
 # machine; one that cannot get it (offline without it in ./.whl) is told so, and CuTe submissions

@@ -56,7 +56,7 @@ task() {
     echo "== $name $(date -u +%H:%M:%S)"
     case $name in
         smoke) .venv/bin/python -m grader check examples/triton_flash ;;
-        solution) make env && .venv/bin/python -c 'from grader.build import driver_ldflags; print("driver link:", driver_ldflags())' \
+        solution) make env && .venv/bin/python -c 'from grader.build.flags import driver_ldflags; print("driver link:", driver_ldflags())' \
                       && .venv/bin/python -m grader check solution ;;
         tracks) .venv/bin/python -m grader check examples/cute_flash \
                     && .venv/bin/python -m grader check examples/tilelang_flash ;;

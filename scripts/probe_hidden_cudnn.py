@@ -1,4 +1,4 @@
-"""Does a student's subject see cuDNN? (issue 30, item 3; grader/sandbox.py, hide_libraries)
+"""Does a student's subject see cuDNN? (issue 30, item 3; grader/isolation/sandbox.py, hide_libraries)
 
     python scripts/probe_hidden_cudnn.py          # on the GPU machine, from the repository root
 
@@ -94,7 +94,7 @@ def probe() -> dict[str, str]:
 
 def run_wrapped(box, hide: bool) -> dict[str, str]:
     """This script's --inside part in `box`, as a subject is run."""
-    from grader.procs import child_env
+    from grader.isolation.procs import child_env
     cmd = box.wrap([sys.executable, str(Path(__file__).resolve()), "--inside"],
                    readonly=[Path(__file__).resolve().parent], hide_libraries=hide)
     try:
@@ -143,7 +143,7 @@ def table(columns: list[tuple[str, dict[str, str]]]) -> str:
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from grader.sandbox import Sandbox, cudnn_engines, cudnn_search_folders, default_layout
+    from grader.isolation.sandbox import Sandbox, cudnn_engines, cudnn_search_folders, default_layout
     engines = cudnn_engines()
     print(f"searched: {', '.join(cudnn_search_folders()) or 'no folder'} and ldconfig's cache")
     print(f"hide_libraries covers {len(engines)} cuDNN engine file(s) here:")

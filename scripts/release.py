@@ -43,7 +43,7 @@ FILES = [
     ("student/cute/submission.cu", "student/cute/submission.cu"),
 ]
 PACKAGES = ["grader"]   # every .py below these
-# The pristine skeletons, which grader/hints.py compares a student's file with: students edit
+# The pristine skeletons, which grader/report/hints.py compares a student's file with: students edit
 # student/ itself, so the kit keeps a copy of its own inside the grader.
 SKELETONS = [("student/submission.cu", "grader/skeleton/submission.cu"),
              ("student/triton/submission.py", "grader/skeleton/submission.py"),
@@ -55,14 +55,14 @@ SKELETONS = [("student/submission.cu", "grader/skeleton/submission.cu"),
 # left as it is; find_leaks then refuses the release, which names the file and the line.
 NOT_IN_KIT = 'REPO_ROOT / "not-in-the-student-kit"   # the course keeps this outside the kit'
 SCRUB = [
-    ("grader/config.py", 'HIDDEN_CASES = REPO_ROOT / "test_cases" / "hidden.txt"',
+    ("grader/common/config.py", 'HIDDEN_CASES = REPO_ROOT / "test_cases" / "hidden.txt"',
      f"HIDDEN_CASES = {NOT_IN_KIT}"),
-    ("grader/config.py", 'SOLUTION_DIR = REPO_ROOT / "solution"', f"SOLUTION_DIR = {NOT_IN_KIT}"),
-    ("grader/config.py", "# (4·B·H·S²·D): the hidden awkward shapes, not the large public ones.",
+    ("grader/common/config.py", 'SOLUTION_DIR = REPO_ROOT / "solution"', f"SOLUTION_DIR = {NOT_IN_KIT}"),
+    ("grader/common/config.py", "# (4·B·H·S²·D): the hidden awkward shapes, not the large public ones.",
      "# (4·B·H·S²·D)."),
-    ("grader/baselines.py", "The reference\nsolution in solution/ is a baseline too",
+    ("grader/problem/attention/baselines.py", "The reference\nsolution in solution/ is a baseline too",
      "The reference\nsolution is a baseline too"),
-    ("grader/privacy.py", "`seq_len: 77`, `\"seq_len\": 77`, `S=77`",
+    ("grader/report/privacy.py", "`seq_len: 77`, `\"seq_len\": 77`, `S=77`",
      "`seq_len: 100`, `\"seq_len\": 100`, `S=100`"),
 ]
 
@@ -77,7 +77,7 @@ ALLOWED = ["README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "t
            "test_cases/cpu.txt",
            "templates/*.j2", "student/README.md", "student/Makefile", "student/submission.cu",
            "student/cute/submission.cu", "student/triton/submission.py",
-           "student/tilelang/submission.py", "grader/*.py", "grader/checks/*.py",
+           "student/tilelang/submission.py", "grader/*.py", "grader/trusted/checks/*.py",
            "grader/skeleton/submission.cu", "grader/skeleton/submission.py",
            "grader/skeleton/tilelang_submission.py", "grader/skeleton/cute_submission.cu"]
 

@@ -8,9 +8,9 @@ import random
 import shutil
 from pathlib import Path
 
-from grader.results import read_results, write_result
-from grader.status import Status
-from grader.timing import summarize
+from grader.course.results import read_results, write_result
+from grader.common.status import Status
+from grader.trusted.timing import summarize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu_run"
 NAMES = ["a-very-long-folder-name-that-someone-chose-for-their-submission-2026",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from grader import config
-from grader.cases import Case
+from grader.common import config
+from grader.problem import Case
 
 REPO = config.REPO_ROOT
 EXAMPLES = REPO / "examples"
@@ -25,7 +25,7 @@ def ctrl_c_reaches_it() -> None:
 
 
 def has_nvcc() -> bool:
-    from grader.device import find_nvcc
+    from grader.isolation.device import find_nvcc
     return find_nvcc() is not None
 
 

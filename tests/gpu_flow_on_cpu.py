@@ -15,19 +15,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grader import __main__ as main_mod, pipeline, procs, timing  # noqa: E402
+from grader.cli import grade as grade_mod, main as main_mod
+
+from grader.schedule import workers as scheduling
+from grader.stages import context
+from grader.stages import health
+
+from grader.isolation import cpus as cpus_mod, procs
+
+from grader.course import verdicts  # noqa: E402
 from test_gpus import gpu  # noqa: E402   the tests' fake GPU
 
 
 def main() -> int:
     mine = sorted(os.sched_getaffinity(0))
-    split = procs.CpuSplit(gpu=(mine[-1],), build=tuple(mine[:-1]) or (mine[-1],))
-    main_mod.detect_gpus = lambda wanted=None, force_cpu=False: [gpu(0)]
-    pipeline.GradeContext.device_name = property(lambda self: "cpu")
-    pipeline.GradeContext.env = property(lambda self: procs.child_env(cuda=False))
-    pipeline.GradeContext.cpus = property(lambda self: split)
-    pipeline.calibrate_protocol = lambda ctx, reuse=False: timing.ProtocolCost()
-    pipeline.probe_gpu = lambda ctx, tries: None   # no GPU to probe; the rest of the check as on one
+    split = cpus_mod.CpuSplit(gpu=(mine[-1],), build=tuple(mine[:-1]) or (mine[-1],))
+    grade_mod.detect_gpus = lambda wanted=None, force_cpu=False: [gpu(0)]
+    context.GradeContext.device_name = property(lambda self: "cpu")
+    context.GradeContext.env = property(lambda self: procs.child_env(cuda=False))
+    context.GradeContext.cpus = property(lambda self: split)
+    scheduling.calibrate_protocol = lambda ctx, reuse=False: verdicts.ProtocolCost()
+    health.probe_gpu = lambda ctx, tries: None   # no GPU to probe; the rest of the check as on one
     return main_mod.main(sys.argv[1:])
 
 

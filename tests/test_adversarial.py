@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from grader import config
-from grader.sandbox import Sandbox, default_layout
+from grader.common import config
+from grader.isolation.sandbox import Sandbox, default_layout
 
 from .adversarial.assemble import EXPECTED, INCLUDE, assemble, fifos, names
 from .adversarial.verdicts import TWIN_RULES, gpu_finding, median
@@ -159,10 +159,10 @@ def test_adversarial_on_the_gpu(tmp_path):
                 for n in names()}
     assert not {n: f for n, f in findings.items() if f}, findings
     check_common(results, tmp_path / "results")
-    # the verdicts above hold with runs begun early (pipeline.Lookahead): some were
+    # the verdicts above hold with runs begun early (lookahead.Lookahead): some were
     begun_early = [n for n, r in results.items() if "run.load" in dict(r.get("stage_s") or ())]
-    assert begun_early, "no run was begun before its turn (pipeline.Lookahead)"
-    said = proc.stdout + proc.stderr   # and none of them failed on its turn (pipeline.NotStarted)
+    assert begun_early, "no run was begun before its turn (lookahead.Lookahead)"
+    said = proc.stdout + proc.stderr   # and none of them failed on its turn (harnesses.NotStarted)
     assert "did not start" not in said, said[said.find("did not start") - 300:][:4000]
     assert "returned a wrong output" in results["cache_by_ptr_py"]["message"]
     assert "flash" in results["lib_timed_only_py"]["message"].lower()

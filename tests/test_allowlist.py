@@ -1,4 +1,4 @@
-"""The Python audit (grader/allowlist.py): an allowlist of what a kernel wrapper needs, read
+"""The Python audit (grader/trusted/audit/allowlist.py): an allowlist of what a kernel wrapper needs, read
 before any of a submission's code runs. What it cannot account for goes to review; known ways
 into the grader's process are flagged."""
 
@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import allowlist, reach
-from grader.submission import read_sources
+from grader.trusted.audit import allowlist, paths
+
+from grader.trusted.audit import reach
+from grader.course.submission import read_sources
 
 from .adversarial.assemble import HERE as ADVERSARIAL, SHARED
 from .conftest import EXAMPLES
@@ -127,7 +129,7 @@ def test_a_review_finding_names_the_line_and_what_is_not_on_the_list():
     found = audit("import torch\n\nx = torch.utils.benchmark.Timer(stmt='1')\n").review
     assert found[0].describe() == ("submission.py line 3: torch.utils.benchmark.Timer (torch.utils is "
                                    "not on the list of what a kernel wrapper needs "
-                                   "(grader/allowed.py))")
+                                   "(grader/trusted/audit/allowed.py))")
 
 
 def test_kernel_bodies_may_use_the_kernel_languages_tensor_members_host_code_may_not():
@@ -144,9 +146,9 @@ def test_kernel_bodies_may_use_the_kernel_languages_tensor_members_host_code_may
 
 
 def test_the_audit_never_imports_a_module_a_submission_merely_names():
-    """Resolving paths imports only the allowed libraries (allowlist._ROOTS), in the grader's own
+    """Resolving paths imports only the allowed libraries (paths._ROOTS), in the grader's own
     process: naming `antigravity` must not run it."""
-    probe = ("import sys\nfrom grader import allowlist\n"
+    probe = ("import sys\nfrom grader.trusted.audit import allowlist\n"
              "allowlist.audit_python({'submission.py': 'import antigravity\\nimport this\\n"
              "antigravity.x\\nthis.s\\n'})\nprint('this' in sys.modules, 'antigravity' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
@@ -197,7 +199,7 @@ def test_every_attack_that_reaches_the_grader_is_flagged(name):
     ("import torch\nx = torch.zeros(1)\ntorch.save(x, 'f')", "torch.save"),
     ("from numpy import save as keep\nkeep('f', x)", "numpy.save"),
     ("import numpy\nnumpy.savez('f', x)", "savez"),
-    # red team, session 18: files past the folder quota's audit (grader/quota.py is beneath it)
+    # red team, session 18: files past the folder quota's audit (grader/isolation/quota.py is beneath it)
     ("import numpy as np\nnp.zeros(1 << 20).dump('f')", "dump"),
     ("import triton\nm = triton.runtime.cache.FileCacheManager('k')\nm.put(b'x' * 9, 'f')",
      "FileCacheManager"),
@@ -314,9 +316,9 @@ def test_every_family_namespace_runs_no_string():
     string (triton.language's str_to_ty did, which is why the kernel language is listed name by
     name)."""
     import inspect
-    from grader.allowed import ALLOWED, FAMILY
+    from grader.trusted.audit.allowed import ALLOWED, FAMILY
     for module in (m for m, names in ALLOWED.items() if names is FAMILY):
-        found = allowlist._module(module)
+        found = paths._module(module)
         if found is None:
             continue
         for name in dir(found):

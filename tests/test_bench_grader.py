@@ -11,12 +11,12 @@ import textwrap
 
 import pytest
 
-from grader import config
-from grader.build import BuildResult
-from grader.correctness import CaseResult
-from grader.results import RUN_PHASES, SubmissionResult
-from grader.status import Status
-from grader.timing import TimingStats
+from grader.common import config
+from grader.course.verdicts import BuildResult
+from grader.course.verdicts import CaseResult
+from grader.course.results import RUN_PHASES, SubmissionResult
+from grader.common.status import Status
+from grader.course.verdicts import TimingStats
 
 BENCH = config.REPO_ROOT / "bench" / "bench_grader.py"
 spec = importlib.util.spec_from_file_location("bench_grader", BENCH)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from grader.policy import Policy
-from grader.report import write_reports
-from grader.results import read_results, write_result
+from grader.course.policy import Policy
+from grader.report.pages import write_reports
+from grader.course.results import read_results, write_result
 
 from .big_class import make_class
 

@@ -7,13 +7,22 @@ import threading
 
 import pytest
 
-from grader import build, config, reach
-from grader.build import BuildResult, StudentCheck, build_submission, relevant_log
-from grader.device import DeviceInfo
-from grader import sandbox as sandbox_mod
-from grader.sandbox import Sandbox
-from grader.status import Status
-from grader.submission import inspect_folder
+from grader.build import stage as build
+from grader.build import child as build_child, flags as build_flags, headers as build_headers
+from grader.build import log as build_log, messages as build_messages, watch as build_watch
+
+from grader.common import config
+
+from grader.trusted.audit import reach
+from grader.build.stage import build_submission
+from grader.build.log import relevant_log
+from grader.build.messages import StudentCheck
+from grader.course.verdicts import BuildResult
+from grader.isolation.device import DeviceInfo
+from grader.isolation import sandbox as sandbox_mod
+from grader.isolation.sandbox import Sandbox
+from grader.common.status import Status
+from grader.course.submission import inspect_folder
 
 from .conftest import EXAMPLES, has_nvcc
 
@@ -158,8 +167,8 @@ def test_a_submission_cannot_claim_the_machine_lacks_a_module_it_has(make_submis
 
 
 def test_environment_problem_reads_tools_and_headers(monkeypatch):
-    monkeypatch.setattr(build, "cuda_include_dirs", lambda: [])
-    monkeypatch.setattr(build, "_cuda_home_include", lambda: [])
+    monkeypatch.setattr(build_log, "cuda_include_dirs", lambda: [])
+    monkeypatch.setattr(build_log, "_cuda_home_include", lambda: [])
     out = "/x/ATen/cuda/CUDAContext.h:7:10: fatal error: cusparse.h: No such file or directory\n"
     assert "cusparse.h" in build.environment_problem(out, "compile_only")
     assert build.environment_problem(out, "import") == ""
@@ -184,7 +193,7 @@ def test_invalid_folder_is_a_build_error_with_the_reason(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not has_nvcc(), reason="needs nvcc")
 def test_compile_check_without_gpu_reports_the_students_line(tmp_path):
-    from grader.device import find_nvcc
+    from grader.isolation.device import find_nvcc
     import dataclasses
     cpu = dataclasses.replace(CPU, nvcc=find_nvcc())
     r = build_submission(inspect_folder(EXAMPLES / "build_error"), build_dir=tmp_path / "b",
@@ -204,28 +213,28 @@ def test_only_the_machines_outcomes_go_unscored():
 
 def test_a_run_that_times_out_on_an_overloaded_machine_is_retried_then_the_machines(monkeypatch):
     import types
-    from grader import pipeline
+    from grader.stages import run as run_stage
     calls, notes = [], []
     def timed_out(*a):
         calls.append(1)
-        return pipeline.Ran({"c1": dict(status="timeout", message="still running after 2 s"),
+        return run_stage.Ran({"c1": dict(status="timeout", message="still running after 2 s"),
                              "c2": dict(status="pass", message="")}, "log", None, {})
-    monkeypatch.setattr(pipeline, "run_cases", timed_out)
+    monkeypatch.setattr(run_stage, "run_cases", timed_out)
     ctx = types.SimpleNamespace(progress=types.SimpleNamespace(note=notes.append))
     sub = types.SimpleNamespace(id="alice")
-    monkeypatch.setattr(pipeline, "machine_load", lambda: 0.5)      # idle: the student's timeout
-    runs, *_ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    monkeypatch.setattr(run_stage, "machine_load", lambda: 0.5)      # idle: the student's timeout
+    runs, *_ = run_stage.run_cases_under_load(sub, None, [], ctx, None)
     assert runs["c1"]["status"] == "timeout" and len(calls) == 1 and not notes
-    monkeypatch.setattr(pipeline, "machine_load", lambda: 9.0)      # overloaded: twice, the machine's
-    runs, *_ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    monkeypatch.setattr(run_stage, "machine_load", lambda: 9.0)      # overloaded: twice, the machine's
+    runs, *_ = run_stage.run_cases_under_load(sub, None, [], ctx, None)
     assert len(calls) == 3 and "overloaded" in notes[0]
     assert runs["c1"]["status"] == "environment_error" and "not your" in runs["c1"]["message"]
     assert runs["c2"]["status"] == "pass"
     # a hung submission's own threads load the machine while it runs: read after the stage, the
     # load is high; read before it, low. Its timeout stays its own, with no second try.
     loads = iter([0.5, 9.0, 9.0])
-    monkeypatch.setattr(pipeline, "machine_load", lambda: next(loads))
-    runs, *_ = pipeline.run_cases_under_load(sub, None, [], ctx, None)
+    monkeypatch.setattr(run_stage, "machine_load", lambda: next(loads))
+    runs, *_ = run_stage.run_cases_under_load(sub, None, [], ctx, None)
     assert runs["c1"]["status"] == "timeout" and len(calls) == 4
 
 
@@ -237,43 +246,43 @@ def test_every_extension_links_the_cuda_driver_from_the_stub_or_the_installed_li
     (home / "targets" / "x86_64-linux" / "lib" / "stubs").mkdir(parents=True)
     driver.mkdir()
     (driver / "libcuda.so.1").write_bytes(b"")
-    monkeypatch.setattr(build, "find_nvcc", lambda: str(home / "bin" / "nvcc"))
-    monkeypatch.setattr(build.os.path, "isfile",
-                        lambda p, real=build.os.path.isfile: real(p) and str(p).startswith(str(tmp_path)))
-    monkeypatch.setattr(build, "_driver_folders", lambda: [str(driver)])
+    monkeypatch.setattr(build_flags, "find_nvcc", lambda: str(home / "bin" / "nvcc"))
+    monkeypatch.setattr(build_flags.os.path, "isfile", lambda p, real=build_flags.os.path.isfile:
+                        real(p) and str(p).startswith(str(tmp_path)))
+    monkeypatch.setattr(build_flags, "_driver_folders", lambda: [str(driver)])
 
     def flags():
-        build.driver_ldflags.cache_clear()
-        return build.driver_ldflags()
+        build_flags.driver_ldflags.cache_clear()
+        return build_flags.driver_ldflags()
     try:
         assert flags() == (f"-L{driver}", "-l:libcuda.so.1")
         (home / "targets" / "x86_64-linux" / "lib" / "stubs" / "libcuda.so").write_bytes(b"")
         assert flags() == (f"-L{home}/targets/x86_64-linux/lib/stubs", "-lcuda")
-        monkeypatch.setattr(build, "find_nvcc", lambda: None)
+        monkeypatch.setattr(build_flags, "find_nvcc", lambda: None)
         (driver / "libcuda.so.1").unlink()
         assert flags() == ()
     finally:
-        build.driver_ldflags.cache_clear()
+        build_flags.driver_ldflags.cache_clear()
 
 
 # ---------------------------------------------------------------- what a CUDA build opened and defines
 
 
 def test_the_compile_check_asks_nvcc_for_the_files_it_opens(tmp_path):
-    cmd = build.compile_check_command(tmp_path / "cuda.cu", tmp_path / build.STUDENT_OBJECT, "m",
-                                      "90a", "nvcc", depfile=tmp_path / build.DEPFILE)
+    cmd = build_child.compile_check_command(tmp_path / "cuda.cu", tmp_path / build.STUDENT_OBJECT, "m",
+                                            "90a", "nvcc", depfile=tmp_path / build_headers.DEPFILE)
     at = cmd.index("-MD")
-    assert cmd[at + 1:at + 3] == ["-MF", str(tmp_path / build.DEPFILE)]
-    assert "-MD" not in build.compile_check_command(tmp_path / "cuda.cu", tmp_path / "x.o", "m",
-                                                    "90a", "nvcc")
+    assert cmd[at + 1:at + 3] == ["-MF", str(tmp_path / build_headers.DEPFILE)]
+    assert "-MD" not in build_child.compile_check_command(tmp_path / "cuda.cu", tmp_path / "x.o", "m",
+                                                          "90a", "nvcc")
 
 
 def test_a_dependency_file_is_read_as_make_reads_it():
     text = ("/b/cuda.cuda.o : /b/cuda.cu /usr/include/a\\ b.h \\\n"
             "    /s/$$x\\#y.h /s/c.h\n/usr/include/a\\ b.h:\n")
-    assert build.depfile_paths(text) == ["/b/cuda.cu", "/usr/include/a b.h", "/s/$x#y.h", "/s/c.h"]
+    assert build_headers.depfile_paths(text) == ["/b/cuda.cu", "/usr/include/a b.h", "/s/$x#y.h", "/s/c.h"]
     with pytest.raises(ValueError):
-        build.depfile_paths("no rule here\n")
+        build_headers.depfile_paths("no rule here\n")
 
 
 # torch's ninja rule for a CUDA source (torch.utils.cpp_extension._write_ninja_file, CUDA builds),
@@ -295,8 +304,8 @@ def test_the_extension_build_records_what_ninja_kept_of_nvccs_dependency_list(tm
     subprocess.run(["ninja", "-C", str(tmp_path)], check=True, capture_output=True)
     assert not (tmp_path / "cuda.cuda.o.d").exists()   # ninja keeps it, in .ninja_deps
     with pytest.raises(SystemExit) as ended:
-        build._exit_recorded(0, tmp_path, lambda: build.ninja_deps(tmp_path), "ninja -t deps",
-                             base=tmp_path)
+        build_headers._exit_recorded(0, tmp_path, lambda: build_headers.ninja_deps(tmp_path), "ninja -t deps",
+                                     base=tmp_path)
     assert ended.value.code == 0
     record = reach.read_headers_record(tmp_path / build.HEADERS_RECORD)
     assert record[0] == str(tmp_path / "cuda.cu.c") and str(tmp_path / "own.h") in record
@@ -309,8 +318,8 @@ def test_the_extension_build_records_what_ninja_kept_of_nvccs_dependency_list(tm
     (tmp_path / "cuda.cuda.o").unlink()
     subprocess.run(["ninja", "-C", str(tmp_path)], check=True, capture_output=True)
     with pytest.raises(SystemExit) as ended:
-        build._exit_recorded(0, tmp_path, lambda: build.ninja_deps(tmp_path), "ninja -t deps",
-                             base=tmp_path)
+        build_headers._exit_recorded(0, tmp_path, lambda: build_headers.ninja_deps(tmp_path), "ninja -t deps",
+                                     base=tmp_path)
     assert ended.value.code == 0 and not (tmp_path / build.HEADERS_RECORD).exists()
     assert "grader: no record of the headers the build opened" in capsys.readouterr().out
 
@@ -326,7 +335,7 @@ def test_the_extension_build_has_torch_ask_nvcc_for_its_dependency_list(tmp_path
     monkeypatch.setattr(cpp_extension, "_import_module_from_library",
                         cpp_extension._import_module_from_library)
     (tmp_path / "submission.cu").write_text("// a kernel\n")
-    build.build_extension(tmp_path / "submission.cu", "m", tmp_path / "b", "90a")
+    build_child.build_extension(tmp_path / "submission.cu", "m", tmp_path / "b", "90a")
     assert seen == {"skip": "0"}
 
 
@@ -406,7 +415,7 @@ def test_slow_build_message_names_the_make_and_the_environment_variable(monkeypa
     assert "(it was in" not in build.slow_build_message("compile", 40, source_name="s.cu",
                                                         phase="", load=0.5)
     # the variables named are the ones the limits are read from
-    for what, variable in build.LIMIT_ENV.items():
+    for what, variable in build_messages.LIMIT_ENV.items():
         monkeypatch.setenv(variable, "7")
     limits = config.Limits.from_env()
     assert (limits.build_s, limits.import_s) == (7.0, 7.0)
@@ -414,7 +423,7 @@ def test_slow_build_message_names_the_make_and_the_environment_variable(monkeypa
 
 # The processes of a compile check (nvcc -c) and of torch's ninja build, as /proc shows them
 # ((comm, argv), seen on the CPU machine on 2026-11-26): nvcc runs each tool through `sh -c`.
-PY = ("python3.11", ["/k/.venv/bin/python", "-m", "grader.build", "compile_only", "s.cu"])
+PY = ("python3.11", ["/k/.venv/bin/python", "-m", "grader.build.stage", "compile_only", "s.cu"])
 NVCC = ("nvcc", ["/usr/local/cuda/bin/nvcc", "-c", "/b/cuda.cu", "-o", "/b/cuda.cuda.o"])
 SH = ("sh", ["sh", "-c", "gcc -std=c++20 ..."])
 GCC = ("gcc", ["gcc", "-std=c++20", "-E", "-x", "c++", "/b/cuda.cu"])
@@ -447,14 +456,14 @@ def tool(name: str, *args: str) -> tuple[str, list[str]]:
     ([], ""),
 ])
 def test_build_phase_reads_which_tool_the_build_runs(running, phase):
-    assert build.build_phase(running) == phase
-    assert build.build_phase(list(reversed(running))) == phase   # the order /proc lists them in
+    assert build_watch.build_phase(running) == phase
+    assert build_watch.build_phase(list(reversed(running))) == phase   # the order /proc lists them in
 
 
 def test_progress_lines_say_what_runs_for_how_long_and_the_limit():
-    assert build.progress_line("compile", "submission.cu", "ptxas", 42.4, 300) == \
+    assert build_messages.progress_line("compile", "submission.cu", "ptxas", 42.4, 300) == \
         "compiling submission.cu: ptxas, 42 s (limit 300 s: GRADER_BUILD_S)"
-    assert build.progress_line("import", "submission.py", "", 12.0, 120) == \
+    assert build_messages.progress_line("import", "submission.py", "", 12.0, 120) == \
         "importing submission.py, 12 s (limit 120 s: GRADER_IMPORT_S)"
 
 

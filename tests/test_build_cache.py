@@ -1,4 +1,4 @@
-"""The build cache (grader/build_cache.py): a hit gives back the exact files and the build stage's
+"""The build cache (grader/build/cache.py): a hit gives back the exact files and the build stage's
 result without compiling; a corrupted, partial or foreign entry is never used; nothing is cached
 without a sandbox; the key changes with everything that decides a build and with the id."""
 
@@ -14,15 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from grader import build, config
-from grader.build import BuildResult, build_inputs, build_submission
-from grader.build_cache import MANIFEST, TMP_PREFIX, BuildCache, empty_folder
-from grader.device import DeviceInfo
-from grader.pipeline import audit_build
-from grader.procs import CpuSplit, default_build_jobs
-from grader.sandbox import Sandbox
-from grader.status import Status
-from grader.submission import inspect_folder
+from grader.build import stage as build
+from grader.build import flags as build_flags, headers as build_headers
+
+from grader.common import config
+from grader.build.stage import build_submission
+from grader.build.inputs import build_inputs
+from grader.course.verdicts import BuildResult
+from grader.build.cache import MANIFEST, TMP_PREFIX, BuildCache, empty_folder
+from grader.isolation.device import DeviceInfo
+from grader.stages.judge import audit_build
+from grader.isolation.cpus import CpuSplit, default_build_jobs
+from grader.isolation.sandbox import Sandbox
+from grader.common.status import Status
+from grader.course.submission import inspect_folder
 
 from .conftest import EXAMPLES, has_nvcc
 
@@ -104,7 +109,7 @@ def test_a_store_that_was_killed_leaves_nothing_a_lookup_reads(tmp_path, monkeyp
 
     def killed(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr("grader.build_cache._write_synced", killed)   # dies before the manifest
+    monkeypatch.setattr("grader.build.cache._write_synced", killed)   # dies before the manifest
     why = cache.store(inputs(), fake_build(tmp_path, files), list(files), compile_s=1, log="", log_tail="")
     assert why.startswith("not stored:") and "No space left" in why
     assert cache.restore(inputs(), tmp_path / "into") is None
@@ -161,14 +166,14 @@ def test_the_key_covers_what_decides_a_build_and_the_id(tmp_path, monkeypatch):
     monkeypatch.setenv("NVCC_APPEND_FLAGS", "-DX=1")
     assert key(alice) != base
     monkeypatch.delenv("NVCC_APPEND_FLAGS")
-    monkeypatch.setenv(build.PTXAS_VERBOSE_ENV, "1")             # check --verbose: other flags
+    monkeypatch.setenv(build_flags.PTXAS_VERBOSE_ENV, "1")             # check --verbose: other flags
     assert key(alice) != base
-    monkeypatch.delenv(build.PTXAS_VERBOSE_ENV)
+    monkeypatch.delenv(build_flags.PTXAS_VERBOSE_ENV)
     (tmp_path / "alice" / "helper.cuh").write_text("// any file of the folder\n")
     assert key(alice) != base
     (tmp_path / "alice" / "helper.cuh").unlink()
     assert key(alice) == base
-    monkeypatch.setattr(build, "build_code_digest", lambda: "another grader")
+    monkeypatch.setattr("grader.build.inputs.build_code_digest", lambda: "another grader")
     assert key(alice) != base
 
 
@@ -201,7 +206,7 @@ def test_a_hit_reproduces_the_build_stage_and_what_the_audit_reads(tmp_path, mon
             return BuildResult(status, mode, 3.0, message="compile failed"), "error: x"
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / build.STUDENT_OBJECT).write_bytes(objects[text.split()[1]])
-        build.record_headers(build_dir, [str(sub.source)], how="test", base=build_dir)
+        build_headers.record_headers(build_dir, [str(sub.source)], how="test", base=build_dir)
         if mode == "extension":
             (build_dir / f"{sub.module_name}.so").write_bytes(b"module of " + sub.id.encode())
         (build_dir / "build.ninja").write_text("not cached")
@@ -266,7 +271,7 @@ def test_builds_use_every_build_cpu_as_memory_allows():
 def test_a_real_compile_check_is_reused_by_the_next_run(tmp_path):
     """The grader end to end (`check`, sandboxed where bubblewrap works): the second run's
     build compiles nothing, and the result it records is the first's."""
-    from grader.sandbox import default_layout
+    from grader.isolation.sandbox import default_layout
     if not Sandbox.probe(**default_layout()).active:
         pytest.skip("no working bubblewrap: the cache is off without a sandbox")
     runs = []
@@ -308,10 +313,10 @@ def test_the_cache_keeps_the_record_of_the_headers_a_build_opened(tmp_path):
         assert build.HEADERS_RECORD in build.cached_files(mode, "sub_a")
     cache = BuildCache(tmp_path / "cache", sandboxed=True)
     built = fake_build(tmp_path, {"cuda.cuda.o": b"\x7fELF object"})
-    build.record_headers(built, ["/b/cuda.cu", "/usr/include/stdio.h"], how="test", base=built)
+    build_headers.record_headers(built, ["/b/cuda.cu", "/usr/include/stdio.h"], how="test", base=built)
     assert cache.store(inputs(), built, build.cached_files("compile_only", "sub_a"),
                        compile_s=1.0, log="", log_tail="") == ""
     into = tmp_path / "into"
     assert cache.restore(inputs(), into) is not None
-    from grader.reach import read_headers_record
+    from grader.trusted.audit.includes import read_headers_record
     assert read_headers_record(into / build.HEADERS_RECORD) == ["/b/cuda.cu", "/usr/include/stdio.h"]

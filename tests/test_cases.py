@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from grader import config
-from grader.cases import (QK_STD_MAX, Case, CaseFileError, largest, load_all_cases, load_cases,
+from grader.common import config
+from grader.problem import (QK_STD_MAX, Case, CaseFileError, largest, load_all_cases, load_cases,
                           parse_case_line, with_cases)
-from grader.inputs import make_inputs
+from grader.problem import make_inputs
 
 from .adversarial.assemble import assemble_one
 

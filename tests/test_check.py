@@ -13,11 +13,12 @@ import sys
 
 import pytest
 
-from grader import config
-from grader.build import BuildResult
-from grader.cases import load_cases
-from grader.status import Status
-from grader.__main__ import check_usage, main
+from grader.common import config
+from grader.course.verdicts import BuildResult
+from grader.problem import load_cases
+from grader.common.status import Status
+from grader.cli.main import main
+from grader.cli.check import check_usage
 
 from .conftest import has_nvcc
 
@@ -110,7 +111,7 @@ def test_check_prints_no_instructor_only_warning(tmp_path):
 
 
 def test_a_compile_failure_is_trusted_only_when_it_cannot_involve_torch():
-    from grader.build import check_error_is_own
+    from grader.build.child import check_error_is_own
     own = '/b/cuda.cu(45): error: identifier "m_nwe" is undefined\n'
     assert check_error_is_own(own, "float m_new;")
     assert check_error_is_own("/b/cuda.cu:12:3: error: expected ';' before '}' token\n", "")
@@ -124,7 +125,7 @@ def test_a_compile_failure_is_trusted_only_when_it_cannot_involve_torch():
 
 
 def test_verbose_check_summarises_ptxas_per_kernel(tmp_path):
-    from grader.__main__ import build_summary, ptxas_report
+    from grader.cli.check import build_summary, ptxas_report
     log = tmp_path / "b.log"
     log.write_text(
         "ptxas info    : 28 bytes gmem\n"
@@ -144,7 +145,7 @@ def test_verbose_check_summarises_ptxas_per_kernel(tmp_path):
 def test_compiled_for_is_said_only_after_a_compile_that_passed(tmp_path):
     """Issue 34: the check said "Compiled for sm_90a" after a compile that failed or never
     finished. Nothing was compiled then: no summary at all."""
-    from grader.__main__ import build_summary
+    from grader.cli.check import build_summary
     log = tmp_path / "b.log"
     log.write_text("compile check for sm_90a (no GPU here: compiled, not run)\n")
     for status in (Status.TIMEOUT, Status.BUILD_ERROR, Status.ENVIRONMENT_ERROR, Status.FLAGGED):
@@ -163,10 +164,11 @@ def test_a_file_the_real_build_accepts_is_never_called_broken(tmp_path):
     (torch::nn::functional) fails the fast compile, is compiled again with the real
     torch/extension.h, and passes; the object the audit reads is there."""
     import dataclasses
-    from grader.build import STUDENT_OBJECT, build_submission
-    from grader.device import DeviceInfo, find_nvcc
-    from grader.submission import inspect_folder
-    from grader.status import Status
+    from grader.build.stage import build_submission
+    from grader.trusted.audit.reach import STUDENT_OBJECT
+    from grader.isolation.device import DeviceInfo, find_nvcc
+    from grader.course.submission import inspect_folder
+    from grader.common.status import Status
     skeleton = (config.REPO_ROOT / "student" / "submission.cu").read_text()
     source = skeleton.replace("    auto O = torch::zeros_like(Q);",
                               "    auto O = torch::zeros_like(Q);\n"
@@ -228,10 +230,10 @@ def test_a_checks_builds_report_to_its_display_and_a_courses_builds_do_not(tmp_p
     course's `grade` has every submission on its display: its builds report nothing."""
     import dataclasses
     import io
-    from grader import pipeline
-    from grader.device import DeviceInfo
-    from grader.progress import Progress
-    from grader.submission import inspect_folder
+    from grader.stages import context
+    from grader.isolation.device import DeviceInfo
+    from grader.report.progress import Progress
+    from grader.course.submission import inspect_folder
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "submission.cu").write_text("// mine\n")
     sub = inspect_folder(tmp_path / "mine")
@@ -239,10 +241,10 @@ def test_a_checks_builds_report_to_its_display_and_a_courses_builds_do_not(tmp_p
                      memory_bytes=0, sm_count=0, driver="none", torch_version="x",
                      cuda_version=None, nvcc=None, python="3")
     log = io.StringIO()
-    ctx = pipeline.GradeContext(cases=(), device=cpu, limits=config.Limits(), out_dir=tmp_path,
+    ctx = context.GradeContext(cases=(), device=cpu, limits=config.Limits(), out_dir=tmp_path,
                                 build_dir=tmp_path / "b", progress=Progress(1, live=False, stream=log))
-    assert pipeline.student_check(ctx, sub) is None
-    check = pipeline.student_check(dataclasses.replace(ctx, student_check=True), sub)
+    assert context.student_check(ctx, sub) is None
+    check = context.student_check(dataclasses.replace(ctx, student_check=True), sub)
     assert check.every_s == config.BUILD_PROGRESS_S
     check.report("compiling submission.cu: ptxas, 42 s (limit 300 s: GRADER_BUILD_S)")
     assert re.search(r"\] mine: build: compiling submission\.cu: ptxas, 42 s \(limit 300 s: "
@@ -251,7 +253,7 @@ def test_a_checks_builds_report_to_its_display_and_a_courses_builds_do_not(tmp_p
     try:
         if terminal.in_place:   # rich is installed: the line is updated in place
             live = dataclasses.replace(ctx, student_check=True, progress=terminal)
-            assert pipeline.student_check(live, sub).every_s == 1.0
+            assert context.student_check(live, sub).every_s == 1.0
     finally:
         terminal.close()
 

@@ -1,4 +1,4 @@
-"""The warm checker (grader/checks/server.py, correctness.WarmChecker): one trusted process checks
+"""The warm checker (grader/trusted/checks/server.py, correctness.WarmChecker): one trusted process checks
 submission after submission with the same verdicts a fresh one gives, keeps each case's reference,
 and a checker that dies or hangs is replaced without losing the next check."""
 
@@ -11,13 +11,15 @@ import signal
 import pytest
 import torch
 
-from grader import config, correctness
-from grader.cases import Case
-from grader.correctness import WarmChecker, check_outputs
-from grader.inputs import make_inputs
-from grader.procs import child_env
-from grader.reference import attention_reference
-from grader.status import Status
+from grader.common import config
+
+from grader.trusted import correctness
+from grader.problem import Case
+from grader.trusted.correctness import WarmChecker, check_outputs
+from grader.problem import make_inputs
+from grader.isolation.procs import child_env
+from grader.problem import attention_reference
+from grader.common.status import Status
 
 CASES = [Case(batch_size=1, num_heads=2, seq_len=77, head_dim=64, seed=11),
          Case(batch_size=2, num_heads=1, seq_len=5, head_dim=128, seed=3)]
@@ -86,7 +88,7 @@ def test_a_check_past_its_limit_is_the_graders_error_and_the_next_one_is_checked
 
 
 def test_a_cases_reference_is_computed_once_and_the_oldest_goes_past_the_cap(monkeypatch):
-    from grader.checks import test_outputs
+    from grader.trusted.checks import test_outputs
     monkeypatch.setattr(test_outputs, "_REFERENCES", type(test_outputs._REFERENCES)())
     computed = []
     real = test_outputs.attention_reference
@@ -132,7 +134,7 @@ def test_the_checker_draws_each_cases_spread(tmp_path, checker_pid):
 def test_a_kept_reference_is_the_one_of_the_cases_spread(monkeypatch):
     """The warm checker keeps references by what the inputs are made from: the same shape and
     seed with another qk_std is computed anew, never served the N(0, 1) one."""
-    from grader.checks import test_outputs
+    from grader.trusted.checks import test_outputs
     monkeypatch.setattr(test_outputs, "_REFERENCES", type(test_outputs._REFERENCES)())
     narrow, wide = (test_outputs.reference(c, make_inputs(c, "cpu"), "cpu") for c in SPREAD)
     assert len(test_outputs._REFERENCES) == 2

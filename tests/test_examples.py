@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from grader import config
+from grader.common import config
 
 from .conftest import EXAMPLES, cuda_available, expected_verdicts, has_nvcc
 

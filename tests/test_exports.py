@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from grader import exports
-from grader.exports import CANVAS_ASSIGNMENT, CANVAS_IDENTITY, GRADESCOPE_SCORE_COLUMNS, NotWritten
-from grader.gradescope import bundle, problems
-from grader.gradescope import main as gradescope_main
-from grader.policy import Policy
-from grader.report import RUN_FILE, write_reports
-from grader.results import read_results, write_result
-from grader.status import Status
+from grader.report import exports
+from grader.report.exports import CANVAS_ASSIGNMENT, CANVAS_IDENTITY, GRADESCOPE_SCORE_COLUMNS, NotWritten
+from grader.report.gradescope import bundle, problems
+from grader.report.gradescope import main as gradescope_main
+from grader.course.policy import Policy
+from grader.report.pages import RUN_FILE, write_reports
+from grader.course.results import read_results, write_result
+from grader.common.status import Status
 
 from .test_roster import write_roster
 

@@ -1,4 +1,4 @@
-"""The verdict's first word as a student reads it (grader/feedback.py status_label): a check whose
+"""The verdict's first word as a student reads it (grader/report/feedback.py status_label): a check whose
 cases ran only on the CPU says so (CPU-PASS), one where nothing ran says not run, and every place
 a student reads the verdict (the check's text, its Markdown, the page, the progress line, the
 terminal table) shows the same word. The status itself, in the JSON and the grades, is unchanged."""
@@ -10,13 +10,14 @@ import io
 import json
 import types
 
-from grader import pipeline
-from grader.correctness import CaseResult
-from grader.feedback import cpu_note, feedback_markdown, feedback_text, status_label
-from grader.progress import Progress
-from grader.report import RUN_FILE, build_rows, text_table, write_reports
-from grader.results import SubmissionResult, write_result
-from grader.status import Status
+from grader.stages import run as run_stage
+from grader.course.verdicts import CaseResult
+from grader.report.feedback import cpu_note, feedback_markdown, feedback_text, status_label
+from grader.report.progress import Progress
+from grader.report.pages import RUN_FILE, text_table, write_reports
+from grader.report.rows import build_rows
+from grader.course.results import SubmissionResult, write_result
+from grader.common.status import Status
 
 from .test_report import POLICY, RUN
 
@@ -76,16 +77,16 @@ def test_nothing_run_says_not_run_and_claims_no_case_ran():
 
 
 def test_the_pipeline_notes_only_cases_that_ran_and_only_without_a_gpu():
-    """pipeline._ran_where: the note (and so the label) counts cases that ran; TileLang's compiled
+    """run_stage.ran_where: the note (and so the label) counts cases that ran; TileLang's compiled
     cases are not among them, and a GPU's run needs no note."""
     cpu = types.SimpleNamespace(device=types.SimpleNamespace(cuda=False))
     gpu = types.SimpleNamespace(device=types.SimpleNamespace(cuda=True))
-    assert pipeline._ran_where(cpu, list(on_the_cpu().cases)) == ["ran on the CPU: 4 of 7 cases (no CUDA device)"]
-    assert pipeline._ran_where(cpu, list(compiled_only().cases)) == []
-    assert pipeline._ran_where(gpu, list(on_the_cpu().cases)) == []
+    assert run_stage.ran_where(cpu, list(on_the_cpu().cases)) == ["ran on the CPU: 4 of 7 cases (no CUDA device)"]
+    assert run_stage.ran_where(cpu, list(compiled_only().cases)) == []
+    assert run_stage.ran_where(gpu, list(on_the_cpu().cases)) == []
     # a case that ran and failed ran
     failed = [CaseResult(SMALL[0], Status.RUNTIME_ERROR, "boom"), *compiled_only().cases[1:]]
-    assert pipeline._ran_where(cpu, failed) == ["ran on the CPU: 1 of 7 cases (no CUDA device)"]
+    assert run_stage.ran_where(cpu, failed) == ["ran on the CPU: 1 of 7 cases (no CUDA device)"]
 
 
 def test_the_markdown_page_progress_and_table_show_the_same_label(tmp_path):

@@ -1,4 +1,4 @@
-"""grader/gate.py: who may use one GPU when run stages share it (issue 13, grade --lanes)."""
+"""grader/schedule/gate.py: who may use one GPU when run stages share it (issue 13, grade --lanes)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from grader import procs
-from grader.gate import BuildThrottle, GpuGate
+from grader.isolation import procs
+from grader.schedule.gate import BuildThrottle, GpuGate
 
 
 def _hold(gate: GpuGate, how: str, log: list, seconds: float, entered: threading.Event | None = None):
@@ -153,13 +153,13 @@ def test_a_build_waiting_for_its_turn_gives_up_when_the_run_stops():
 
 
 def test_builds_yield_only_on_a_gpu_machine_and_by_the_limits_share():
-    """pipeline.build_throttle: half the build jobs while the GPU stages have work queued, on a
+    """scheduling.build_throttle: half the build jobs while the GPU stages have work queued, on a
     GPU machine (Limits.build_yield_share, GRADER_BUILD_YIELD_SHARE=1 turns it off); without a
     GPU nothing is timed, and every build job compiles."""
     import types
 
-    from grader import config
-    from grader.pipeline import build_throttle
+    from grader.common import config
+    from grader.schedule.workers import build_throttle
 
     def ctx(cuda: bool, share: float = 0.5):
         return types.SimpleNamespace(device=types.SimpleNamespace(cuda=cuda),
@@ -173,13 +173,13 @@ def test_builds_yield_only_on_a_gpu_machine_and_by_the_limits_share():
 
 
 def test_a_turn_counts_as_wait_only_the_time_a_gate_was_waited_for():
-    """stage_s "wait" (pipeline._held) is the time a submission waited for its GPU's gate. Where
+    """stage_s "wait" (clock.held) is the time a submission waited for its GPU's gate. Where
     runs do not share a GPU there is no gate and no wait, however slow the machine is to get
     there (CI's loaded 2-core machine once took over a millisecond to enter a hold of nothing)."""
     import contextlib
 
-    from grader.gate import alone
-    from grader.pipeline import StageClock, _held
+    from grader.stages.turns import alone
+    from grader.stages.clock import StageClock, held as held_turn
 
     @contextlib.contextmanager
     def slow_nothing(gate):   # a descheduled thread: time passes, though there is nothing to wait for
@@ -187,7 +187,7 @@ def test_a_turn_counts_as_wait_only_the_time_a_gate_was_waited_for():
         yield
 
     clock = StageClock(0.0)
-    with _held(slow_nothing, None, clock):
+    with held_turn(slow_nothing, None, clock):
         pass
     assert "wait" not in dict(clock.seconds())
 
@@ -202,7 +202,7 @@ def test_a_turn_counts_as_wait_only_the_time_a_gate_was_waited_for():
     other = threading.Thread(target=hold_a_while)
     other.start()
     held.wait(10)
-    with _held(alone, gate, clock):
+    with held_turn(alone, gate, clock):
         pass
     other.join(10)
     assert dict(clock.seconds())["wait"] >= 0.2

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grader.cases import Case
-from grader.compare import compare_outputs
-from grader.inputs import make_inputs
-from grader.reference import attention_reference
+from grader.problem import Case
+from grader.trusted.compare import compare_outputs
+from grader.problem import make_inputs
+from grader.problem import attention_reference
 
 from .conftest import cuda_available
 
@@ -27,9 +27,9 @@ def test_reference_on_gpu_matches_cpu_and_sdpa():
 
 def test_the_harness_times_a_known_kernel_from_another_process(tmp_path):
     import sys
-    from grader import harness
-    from grader.pipeline import SUBJECT
-    from grader.procs import child_env
+    from grader.trusted import time_stage
+    from grader.stages.folders import SUBJECT
+    from grader.isolation.procs import child_env
     case = Case(1, 16, 2048, 128, seed=1)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     spec = dict(mode="time", device="cuda", target=dict(kind="builtin", name="sdpa_flash"),
@@ -37,7 +37,7 @@ def test_the_harness_times_a_known_kernel_from_another_process(tmp_path):
                 tail_bytes=4096, file_bytes=1 << 32, deadline_s=300, env=child_env(cuda=True),
                 case=case.to_dict(), budget_s=3, l2_bytes=l2,
                 precision=dict(precision_factor=2.0, precision_floor=1e-3))
-    record = harness.time_case(spec)
+    record = time_stage.time_case(spec)
     assert "failed" not in record, record
     stats = record["stats"]
     assert stats["n"] >= 5 and stats["min_ms"] <= stats["median_ms"] and stats["tflops"] > 10
@@ -53,15 +53,15 @@ def test_the_harness_times_a_known_kernel_from_another_process(tmp_path):
 
 def test_the_protocol_is_calibrated_on_subjects_that_load_no_submission(tmp_path):
     import sys
-    from grader import harness
-    from grader.pipeline import SUBJECT
-    from grader.procs import child_env
+    from grader.trusted import calibration
+    from grader.stages.folders import SUBJECT
+    from grader.isolation.procs import child_env
     case = Case(1, 16, 2048, 128, seed=1)
     spec = dict(mode="calibrate", device="cuda", target=dict(kind="builtin", name="null"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 32, deadline_s=300, env=child_env(cuda=True),
                 case=case.to_dict(), l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size, reps=8)
-    record = harness.calibrate(spec)
+    record = calibration.calibrate(spec)
     cost = record["protocol"]
     assert 0 < cost["idle_ms"] < 20 and cost["busy_ms"] > 0 and cost["busy_work_ms"] > 0, record
-    assert set(record["breakdown"]) == {"null", *harness.CALIBRATION_KERNELS}
+    assert set(record["breakdown"]) == {"null", *calibration.CALIBRATION_KERNELS}

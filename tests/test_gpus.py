@@ -24,21 +24,50 @@ from pathlib import Path
 
 import pytest
 
-from grader import config, device as device_mod, pipeline, procs, sandbox as sandbox_mod
-from grader.build import BuildResult
-from grader.cases import Case
-from grader.correctness import CaseResult
-from grader.device import DeviceInfo, GpuSelectionError, parse_gpus, select_gpus
-from grader.gate import GpuGate
-from grader.progress import Progress
-from grader.report import build_rows, gpu_agreement, render_leaderboard, text_table
-from grader.results import (TIME_PHASES, GpuRef, SubmissionResult, load_result, read_gpu_copies,
+from grader.common import config
+
+from grader.isolation import device as device_mod
+
+from grader.schedule import lookahead
+
+from grader.schedule import workers as scheduling
+
+from grader.stages import check as check_stage
+from grader.stages import context
+
+from grader.stages import early as early_runs
+
+from grader.stages import folders
+
+from grader.stages import grade as grading
+
+from grader.stages import harnesses
+
+from grader.stages import health
+
+from grader.stages import run as run_stage
+
+from grader.stages import time as time_stage
+from grader.stages import ahead as early_hook
+
+from grader.isolation import cpus as cpus_mod, procs, tree as tree_mod
+
+from grader.isolation import sandbox as sandbox_mod
+from grader.course.verdicts import BuildResult
+from grader.problem import Case
+from grader.course.verdicts import CaseResult
+from grader.isolation.device import DeviceInfo, GpuSelectionError, parse_gpus, select_gpus
+from grader.schedule.gate import GpuGate
+from grader.report.progress import Progress
+from grader.report.pages import render_leaderboard, text_table
+from grader.report.rows import build_rows, gpu_agreement
+from grader.course.results import (TIME_PHASES, GpuRef, SubmissionResult, load_result, read_gpu_copies,
                             read_results, write_result)
-from grader.runs import RunJournal
-from grader.sandbox import Sandbox
-from grader.status import Status
-from grader.submission import Role, inspect_folder
-from grader.timing import ProtocolCost, TimingStats
+from grader.course.runs import RunJournal
+from grader.isolation.sandbox import Sandbox
+from grader.common.status import Status
+from grader.course.submission import Role, inspect_folder
+from grader.course.verdicts import ProtocolCost, TimingStats
 
 
 def gpu(index: int, name: str = "NVIDIA H200", capability=(9, 0)) -> DeviceInfo:
@@ -103,7 +132,7 @@ def test_detect_gpus_probes_the_chosen_ones_and_refuses_others(monkeypatch):
 
 
 def test_without_cuda_the_option_means_one_cpu_worker(capsys):
-    from grader.__main__ import _devices
+    from grader.cli.grade import _devices
     devices = _devices(argparse.Namespace(command="grade", gpus="0,1", cpu=True))
     assert [d.cuda for d in devices] == [False]
     assert "--gpus 0,1: no CUDA device here; grading with one CPU worker" in capsys.readouterr().err
@@ -129,32 +158,32 @@ def test_grade_lists_the_option_and_a_bad_set_is_a_usage_error(tmp_path):
 
 
 def test_each_gpu_worker_keeps_cpus_of_its_own_and_builds_get_the_rest():
-    one = procs.split_cpus(3, range(16))
-    assert procs.split_cpus(3, range(16), workers=1, slot=0) == one   # one worker: as before
-    w0, w1 = (procs.split_cpus(3, range(16), workers=2, slot=k) for k in (0, 1))
+    one = cpus_mod.split_cpus(3, range(16))
+    assert cpus_mod.split_cpus(3, range(16), workers=1, slot=0) == one   # one worker: as before
+    w0, w1 = (cpus_mod.split_cpus(3, range(16), workers=2, slot=k) for k in (0, 1))
     assert w0.gpu == (13, 14, 15) and w1.gpu == (10, 11, 12)
     assert w0.build == w1.build == tuple(range(10))
-    eight = [procs.split_cpus(3, range(8), workers=2, slot=k) for k in (0, 1)]
+    eight = [cpus_mod.split_cpus(3, range(8), workers=2, slot=k) for k in (0, 1)]
     assert [s.gpu for s in eight] == [(5, 6, 7), (2, 3, 4)] and eight[0].build == (0, 1)
-    six = [procs.split_cpus(3, range(6), workers=3, slot=k) for k in (0, 1, 2)]   # one each
+    six = [cpus_mod.split_cpus(3, range(6), workers=3, slot=k) for k in (0, 1, 2)]   # one each
     assert [s.gpu for s in six] == [(5,), (4,), (3,)] and six[0].build == (0, 1, 2)
-    assert not procs.split_cpus(3, range(6), workers=6).reserved   # the builds would get none
-    assert not procs.split_cpus(3, range(4), workers=2).reserved   # too few to reserve at all
+    assert not cpus_mod.split_cpus(3, range(6), workers=6).reserved   # the builds would get none
+    assert not cpus_mod.split_cpus(3, range(4), workers=2).reserved   # too few to reserve at all
     # A caller that does not say (the checker, a build) gets its thread's worker's, or the rest.
-    procs.set_gpu_workers(2)
+    cpus_mod.set_gpu_workers(2)
     try:
-        assert procs.split_cpus(3, range(16)).gpu == (13, 14, 15)
-        with procs.gpu_worker(1):
-            assert procs.split_cpus(3, range(16)).gpu == (10, 11, 12)
+        assert cpus_mod.split_cpus(3, range(16)).gpu == (13, 14, 15)
+        with cpus_mod.gpu_worker(1):
+            assert cpus_mod.split_cpus(3, range(16)).gpu == (10, 11, 12)
             seen = []
-            t = threading.Thread(target=lambda: seen.append(procs.split_cpus(3, range(16)).gpu))
+            t = threading.Thread(target=lambda: seen.append(cpus_mod.split_cpus(3, range(16)).gpu))
             t.start()
             t.join()
             assert seen == [(13, 14, 15)]   # another thread is not worker 1
-        assert procs.split_cpus(3, range(16)).build == tuple(range(10))
+        assert cpus_mod.split_cpus(3, range(16)).build == tuple(range(10))
     finally:
-        procs.set_gpu_workers(1)
-    assert procs.split_cpus(3, range(16)) == one
+        cpus_mod.set_gpu_workers(1)
+    assert cpus_mod.split_cpus(3, range(16)) == one
 
 
 FAKE_NODES = ["/dev/nvidia-caps", "/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
@@ -196,8 +225,8 @@ def test_device_minor_comes_from_the_drivers_account(tmp_path):
     assert device_mod.device_minor("GPU-a", str(tmp_path / "none")) is None
 
 
-def _ctx(tmp_path, small_case, devices, stream=None) -> pipeline.GradeContext:
-    return pipeline.GradeContext(
+def _ctx(tmp_path, small_case, devices, stream=None) -> context.GradeContext:
+    return context.GradeContext(
         cases=(small_case,), device=devices[0], limits=config.Limits(), out_dir=tmp_path / "out",
         build_dir=tmp_path / "build", progress=Progress(1, live=False, stream=stream or io.StringIO()),
         sandbox=Sandbox("/usr/bin/bwrap"), gpus=tuple(devices) if len(devices) > 1 else ())
@@ -206,20 +235,20 @@ def _ctx(tmp_path, small_case, devices, stream=None) -> pipeline.GradeContext:
 def test_worker_contexts_pin_env_cpus_and_device_node(monkeypatch, tmp_path, small_case):
     devices = [gpu(0), gpu(1)]
     minors = {devices[0].uuid: 0, devices[1].uuid: 1}
-    monkeypatch.setattr(pipeline, "device_minor", lambda uuid: minors.get(uuid))
+    monkeypatch.setattr(scheduling, "device_minor", lambda uuid: minors.get(uuid))
     monkeypatch.setattr(procs.os, "sched_getaffinity", lambda pid: set(range(16)))
-    workers = pipeline.worker_contexts(_ctx(tmp_path, small_case, devices))
+    workers = scheduling.worker_contexts(_ctx(tmp_path, small_case, devices))
     assert [w.device.index for w in workers] == [0, 1] and [w.slot for w in workers] == [0, 1]
     assert [w.env["CUDA_VISIBLE_DEVICES"] for w in workers] == [d.uuid for d in devices]
     assert [w.sandbox.gpu_nodes for w in workers] == [("/dev/nvidia0",), ("/dev/nvidia1",)]
     assert [w.cpus.gpu for w in workers] == [(13, 14, 15), (10, 11, 12)]
     assert [w.gpu_tag for w in workers] == ["", "gpu1"]
     assert workers[1].gpu_ref == GpuRef(1, "NVIDIA H200", devices[1].uuid)
-    single = pipeline.worker_contexts(_ctx(tmp_path, small_case, [gpu(0)]))
-    assert len(single) == 1 and single[0].cpus == procs.split_cpus(3, range(16))
+    single = scheduling.worker_contexts(_ctx(tmp_path, small_case, [gpu(0)]))
+    assert len(single) == 1 and single[0].cpus == cpus_mod.split_cpus(3, range(16))
     assert single[0].gpu_tag == "" and single[0].progress is single[0].progress
     cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu", index=None, uuid="")
-    assert pipeline.worker_contexts(_ctx(tmp_path, small_case, [cpu]))[0].env["CUDA_VISIBLE_DEVICES"] == ""
+    assert scheduling.worker_contexts(_ctx(tmp_path, small_case, [cpu]))[0].env["CUDA_VISIBLE_DEVICES"] == ""
 
 
 # ---------------------------------------------------------------- the scheduler
@@ -246,7 +275,7 @@ class Recorder:
                                   end=time.monotonic(), cpus=ctx.cpus.gpu))
 
     def grade_submission(self, sub, build, ctx, source=""):
-        queued = pipeline._AHEAD.queued   # the worker's next (Lookahead), as run_cases sees it
+        queued = early_hook.early().queued   # the worker's next (Lookahead), as run_cases sees it
         self.next_of[sub.id] = queued[0][0].id if queued else None
         self.most_queued = max(getattr(self, "most_queued", 0), len(queued))
         self.run(sub.id, ctx, sub.role.value)
@@ -266,13 +295,13 @@ def course(monkeypatch, tmp_path, make_submission, small_case):
     """Eight students and the solution, builds and GPU stages faked, on `devices`."""
     recorder = Recorder()
     calibrated = []
-    monkeypatch.setattr(pipeline, "grade_submission", recorder.grade_submission)
-    monkeypatch.setattr(pipeline, "grade_baseline", recorder.grade_baseline)
-    monkeypatch.setattr(pipeline, "calibrate_protocol",
+    monkeypatch.setattr(scheduling, "grade_submission", recorder.grade_submission)
+    monkeypatch.setattr(scheduling, "grade_baseline", recorder.grade_baseline)
+    monkeypatch.setattr(scheduling, "calibrate_protocol",
                         lambda ctx, reuse=False: calibrated.append(ctx.device.uuid) or ProtocolCost())
-    monkeypatch.setattr(pipeline, "build_submission",
+    monkeypatch.setattr(scheduling, "build_submission",
                         lambda sub, **kw: time.sleep(0.01) or BuildResult(Status.PASS, "import", 0.01))
-    monkeypatch.setattr(pipeline, "device_minor", lambda uuid: None)
+    monkeypatch.setattr(scheduling, "device_minor", lambda uuid: None)
     subs = [inspect_folder(make_submission(f"s{i}", "def custom_kernel(data):\n    return data[0]\n"))
             for i in range(8)]
     subs.append(inspect_folder(make_submission("sol", "def custom_kernel(data):\n    return data[0]\n"),
@@ -282,7 +311,7 @@ def course(monkeypatch, tmp_path, make_submission, small_case):
         ctx = _ctx(tmp_path, small_case, devices)
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         journal = RunJournal(ctx.out_dir, dict(submissions=[s.id for s in subs]))
-        graded = pipeline.grade_all(subs, ctx, baselines=["torch_reference", "sdpa_flash"],
+        graded = scheduling.grade_all(subs, ctx, baselines=["torch_reference", "sdpa_flash"],
                                     build_jobs=2, journal=journal, **kw)
         journal.finish("finished")
         return ctx, graded
@@ -345,19 +374,19 @@ def test_quick_builds_start_first_so_the_gpu_starts_at_once(course, monkeypatch,
     cuda = inspect_folder(make_submission("a_cuda", "// compiles for minutes\n", "submission.cu"))
     course.subs.insert(0, cuda)
     started = []
-    monkeypatch.setattr(pipeline, "build_submission", lambda sub, **kw: started.append(sub.id)
+    monkeypatch.setattr(scheduling, "build_submission", lambda sub, **kw: started.append(sub.id)
                         or BuildResult(Status.PASS, "import", 0.01))
     course.grade([gpu(0)])
     assert sorted(started) == sorted(s.id for s in course.subs)
     assert started.index(cuda.id) >= len(started) - 2   # two builds at a time: last or nearly
-    kinds = [s.kind for s in pipeline.build_order(course.subs)]
-    assert kinds == sorted(kinds, key=pipeline.BUILD_ORDER.index) and kinds[-1].value == "cuda"
-    assert [s.id for s in pipeline.build_order(course.subs) if s.kind.value == "python"] == [
+    kinds = [s.kind for s in scheduling.build_order(course.subs)]
+    assert kinds == sorted(kinds, key=scheduling.BUILD_ORDER.index) and kinds[-1].value == "cuda"
+    assert [s.id for s in scheduling.build_order(course.subs) if s.kind.value == "python"] == [
         s.id for s in course.subs[1:]]   # each kind in the order given
 
 
 def test_a_worker_knows_its_next_submission_while_it_grades_one(course):
-    """pipeline.Lookahead: a GPU worker takes its next job before it grades one, so that the
+    """lookahead.Lookahead: a GPU worker takes its next job before it grades one, so that the
     next one's run can be begun meanwhile; it then grades exactly that one next."""
     course.grade([gpu(0)])
     order = [r["what"] for r in sorted(course.recorder.runs, key=lambda r: r["start"])]
@@ -384,8 +413,8 @@ def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjec
     subs = [inspect_folder(make_submission(name, source)) for name in ("next", "other", "third")]
     built = BuildResult(Status.PASS, "import", 0.1)
     job = lambda sub, build=built: ("submission", None, sub, build)
-    with pipeline.keep_warm():
-        ahead = pipeline._AHEAD
+    with lookahead.keep_warm():
+        ahead = early_hook.early()
         ahead.queue([("baseline", None, None, None),
                      job(subs[0], BuildResult(Status.BUILD_ERROR, "import", 0.1))])
         assert ahead.queued == []       # only a submission's run is begun early, its build passed
@@ -398,12 +427,12 @@ def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjec
         got = ahead.claim(subs[0])
         assert got is not None and got.ready and [p.sub for p in ahead.prepared] == [subs[1]]
         with got.folders:
-            ran = pipeline.run_cases(subs[0], built, [case], ctx, got.work, got.jit, case, got)
+            ran = run_stage.run_cases(subs[0], built, [case], ctx, got.work, got.jit, case, got)
             assert ran.runs[case.id]["status"] == "pass", ran.output
             assert ran.stages is got.stages and ran.phases_s["load"] >= 0
             assert [p.sub for p in ahead.prepared] == subs[1:]   # the third begun in its run
-            timed = pipeline.time_target({}, case, ctx, folder=[], stages=ran.stages)
-            assert isinstance(timed, pipeline.TimedRun) and timed.stats.n >= 2
+            timed = time_stage.time_target({}, case, ctx, folder=[], stages=ran.stages)
+            assert isinstance(timed, time_stage.TimedRun) and timed.stats.n >= 2
         run_pid = [l for l in ran.output.splitlines() if l.startswith("subject pid")]
         time_pid = [l for l in timed.record["output"].splitlines() if l.startswith("subject pid")]
         assert len(set(run_pid + time_pid)) == 1   # one subject for both stages
@@ -414,16 +443,16 @@ def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjec
         # a prepared subject that died while it waited: the run starts anew, the usual way
         assert dying is not None and dying.ready
         harness_pid = dying.stages.harness.proc.pid
-        for pid in procs.process_tree(harness_pid) - {harness_pid}:
+        for pid in tree_mod.process_tree(harness_pid) - {harness_pid}:
             os.kill(pid, signal.SIGKILL)
-        with dying.folders, pytest.raises(pipeline.NotStarted):   # grade_submission: anew
-            pipeline.run_cases(subs[2], built, [case], ctx, dying.work, dying.jit, case, dying)
+        with dying.folders, pytest.raises(harnesses.NotStarted):   # grade_submission: anew
+            run_stage.run_cases(subs[2], built, [case], ctx, dying.work, dying.jit, case, dying)
         assert dying.stages.harness.closed
         ahead.queue([job(subs[1])])
         ahead.begin(ctx, case)
         left = ahead.prepared
     assert left and all(p.stages.harness.closed for p in left)   # the worker ended
-    assert pipeline._AHEAD.prepared == []
+    assert getattr(early_hook.early(), "prepared", []) == []   # nothing begun early is left
 
 
 
@@ -442,23 +471,23 @@ def test_on_lanes_nothing_begun_before_a_health_check_of_the_gpu_is_used(
     source = "def custom_kernel(data):\n    return data[2].clone()\n"
     subs = [inspect_folder(make_submission(name, source)) for name in ("first", "second", "third")]
     built = BuildResult(Status.PASS, "import", 0.1)
-    with pipeline.keep_warm():
-        ahead = pipeline._AHEAD
+    with lookahead.keep_warm():
+        ahead = early_hook.early()
         ahead.queue([("submission", None, s, built) for s in subs])
         ahead.begin(ctx, case)
         (first,) = ahead.prepared                       # one a lane (ctx.lookahead)
         assert ahead.claim(subs[0], gate) is first      # no check since: used
-        assert first.timer is not None and pipeline._current(first.timer, ctx) is first.timer
+        assert first.timer is not None and early_runs.current_timer(first.timer, ctx) is first.timer
         ahead.begin(ctx, case)
         (second,) = ahead.prepared
-        monkeypatch.setattr(pipeline, "probe_gpu", lambda ctx_, tries: None)
-        other_lane = threading.Thread(target=pipeline.ensure_gpu_healthy,   # after its crash
+        monkeypatch.setattr(health, "probe_gpu", lambda ctx_, tries: None)
+        other_lane = threading.Thread(target=health.ensure_gpu_healthy,   # after its crash
                                       args=(dataclasses.replace(ctx, device=gpu(0)),))
         other_lane.start()
         other_lane.join(60)
         assert not second.stages.harness.closed         # this lane's, still open until its turn
         assert gate.health_checks == 2                  # as it began, and as it ended
-        assert pipeline._current(first.timer, ctx) is None and first.timer.harness.closed
+        assert early_runs.current_timer(first.timer, ctx) is None and first.timer.harness.closed
         first.close()
         assert ahead.claim(subs[1], gate) is None       # begun before the check: not used
         assert second.stages.harness.closed and second.timer.harness.closed
@@ -484,14 +513,14 @@ def test_a_run_begun_early_keeps_its_folders_while_other_threads_start_processes
     begun, forked, seen = threading.Event(), threading.Event(), {}
 
     def worker():
-        with pipeline.keep_warm():
-            pipeline._AHEAD.queue([("submission", None, sub, BuildResult(Status.PASS, "import", 0.1))])
-            pipeline._AHEAD.begin(ctx, case)
-            folders = [(p.work, p.jit) for p in pipeline._AHEAD.prepared]
+        with lookahead.keep_warm():
+            early_hook.early().queue([("submission", None, sub, BuildResult(Status.PASS, "import", 0.1))])
+            early_hook.early().begin(ctx, case)
+            folders = [(p.work, p.jit) for p in early_hook.early().prepared]
             begun.set()
             forked.wait(60)
             seen["folders"] = [(w.is_dir(), j.is_dir()) for w, j in folders]
-            got = pipeline._AHEAD.claim(sub)
+            got = early_hook.early().claim(sub)
             seen["claimed"] = got is not None
             if got is not None:
                 got.close()
@@ -561,7 +590,7 @@ def test_a_course_graded_through_the_gpu_flow_on_the_cpu_begins_its_runs_early(t
 
 
 def test_on_lanes_run_stages_share_the_gpu_and_nothing_runs_beside_a_timed_call(tmp_path):
-    """grade --lanes 3 (issue 13, grader/gate.py) with the GPU's flow on the CPU. Each call of
+    """grade --lanes 3 (issue 13, grader/schedule/gate.py) with the GPU's flow on the CPU. Each call of
     every subject prints its process's token and CLOCK_MONOTONIC (one clock machine-wide, sandbox
     or not), and the logs keep what each stage's subject printed. The run stages of several
     submissions overlap, which is what lanes are for; yet while one submission's calls are timed
@@ -605,7 +634,7 @@ def test_on_lanes_a_submission_that_keeps_working_after_its_calls_never_works_be
     (CLOCK_MONOTONIC) in a file of its own outside the grader. Unsandboxed, so that what is
     tested is the grader's own rule, not the sandbox's PID namespace: each run stage's subject
     and everything it started are killed, and have exited, before its hold on the GPU's gate ends
-    and a time stage may begin (pipeline._let_go, gate.py; the harness adopts what left the
+    and a time stage may begin (run_stage.let_go, gate.py; the harness adopts what left the
     tree: procs.become_subreaper). So no moment of one submission's work falls inside another's
     timed calls, and the run goes on."""
     marks = tmp_path / "busy"
@@ -665,19 +694,19 @@ def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
     sub = inspect_folder(make_submission("again", "def custom_kernel(data):\n    return data[2]\n"))
     folders, removed = contextlib.ExitStack(), []
     folders.callback(lambda: removed.append(True))
-    prepared = pipeline.Prepared(sub, tmp_path / "work", tmp_path / "jit", stages=None, folders=folders)
-    monkeypatch.setattr(pipeline.Lookahead, "claim", lambda self, s, gate=None: prepared if s is sub else None)
+    prepared = harnesses.Prepared(sub, tmp_path / "work", tmp_path / "jit", stages=None, folders=folders)
+    monkeypatch.setattr(lookahead.Lookahead, "claim", lambda self, s, gate=None: prepared if s is sub else None)
     calls = []
 
     def graded(sub_, build, ctx_, source, jit, prepared_=None, waited_s=0.0):
         calls.append((jit, prepared_, waited_s))
         if prepared_ is not None:
             time.sleep(0.2)
-            raise pipeline.NotStarted("Traceback (most recent call last):\nOSError: the reason")
+            raise harnesses.NotStarted("Traceback (most recent call last):\nOSError: the reason")
         return "graded anew"
 
-    monkeypatch.setattr(pipeline, "_grade_built", graded)
-    assert pipeline.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded anew"
+    monkeypatch.setattr(grading, "_grade_built", graded)
+    assert grading.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded anew"
     assert [c[1] for c in calls] == [prepared, None] and removed == [True]
     assert calls[1][0] is not None and calls[1][0] != prepared.jit and calls[1][2] >= 0.2
     assert "again: its run begun early did not start; running it anew" in stream.getvalue()
@@ -691,7 +720,7 @@ def test_a_turn_with_nothing_begun_early_waited_for_nothing(tmp_path, make_submi
     case = Case(1, 2, 16, 64, seed=3)
     ctx = _ctx(tmp_path, case, [gpu(0)])
     sub = inspect_folder(make_submission("alone", "def custom_kernel(data):\n    return data[2]\n"))
-    real_jit_cache, calls = pipeline.jit_cache, []
+    real_jit_cache, calls = folders.jit_cache, []
 
     @contextlib.contextmanager
     def slow_jit_cache(sub_, limits):
@@ -699,11 +728,11 @@ def test_a_turn_with_nothing_begun_early_waited_for_nothing(tmp_path, make_submi
         with real_jit_cache(sub_, limits) as jit:
             yield jit
 
-    monkeypatch.setattr(pipeline, "jit_cache", slow_jit_cache)
-    monkeypatch.setattr(pipeline, "_grade_built",
+    monkeypatch.setattr(grading, "jit_cache", slow_jit_cache)
+    monkeypatch.setattr(grading, "_grade_built",
                         lambda sub_, build, ctx_, source, jit, prepared_=None, waited_s=0.0:
                         calls.append(waited_s) or "graded")
-    assert pipeline.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded"
+    assert grading.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded"
     assert calls == [0.0]
 
 
@@ -732,12 +761,12 @@ def test_a_run_begun_early_that_the_run_s_stop_killed_is_not_started_anew(tmp_pa
     built = BuildResult(Status.PASS, "import", 0.1)
 
     def run(stages):
-        prepared = pipeline.Prepared(sub, tmp_path / "work", None, stages=stages,
+        prepared = harnesses.Prepared(sub, tmp_path / "work", None, stages=stages,
                                      folders=contextlib.ExitStack())
-        pipeline.run_cases(sub, built, [case], ctx, tmp_path / "work", timed=case, prepared=prepared)
+        run_stage.run_cases(sub, built, [case], ctx, tmp_path / "work", timed=case, prepared=prepared)
 
     stages = _GoneStages()
-    with pytest.raises(pipeline.NotStarted):
+    with pytest.raises(harnesses.NotStarted):
         run(stages)
     assert stages.closed
     procs.CHILDREN.cancelled.set()   # what cancel_all sets, without killing other tests' children
@@ -752,7 +781,7 @@ def test_a_run_begun_early_that_the_run_s_stop_killed_is_not_started_anew(tmp_pa
 
 def test_a_worker_takes_its_next_job_early_only_when_no_other_worker_waits():
     """Lookahead without hoarding: a job taken early is one no idle GPU worker is waiting for."""
-    jobs = pipeline._Jobs(2)
+    jobs = scheduling._Jobs(2)
     jobs.pending = 1
     got = []
     waiter = threading.Thread(target=lambda: got.append(jobs.take(1)))
@@ -790,11 +819,11 @@ def test_an_unhealthy_gpu_stops_every_worker(course, monkeypatch):
     def sick(sub, build, ctx, source=""):
         if ctx.slot == 1 and sub.role is Role.STUDENT:
             count.append(sub.id)
-            raise pipeline.GpuUnhealthy("GPU 1 failed its health check")
+            raise context.GpuUnhealthy("GPU 1 failed its health check")
         return fine(sub, build, ctx, source)
 
-    monkeypatch.setattr(pipeline, "grade_submission", sick)
-    with pytest.raises(pipeline.GpuUnhealthy, match="GPU 1"):
+    monkeypatch.setattr(scheduling, "grade_submission", sick)
+    with pytest.raises(context.GpuUnhealthy, match="GPU 1"):
         course.grade([gpu(0), gpu(1)])
     assert len(count) == 1   # the worker stopped at once
     assert not [t for t in threading.enumerate() if t.name.startswith("gpu-worker-") and t.is_alive()]
@@ -814,7 +843,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_finished(course, monkeypatch, 
                 time.sleep(0.05)       # (cancel_all, once the main thread has the Ctrl-C)
         return result
 
-    monkeypatch.setattr(pipeline, "grade_submission", then_interrupt)
+    monkeypatch.setattr(scheduling, "grade_submission", then_interrupt)
     # interrupt_main does nothing where SIGINT is ignored (a test run started in the background)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -909,14 +938,14 @@ def test_a_full_scratch_disk_is_the_machines_fault_not_the_submissions(course, m
     makes the grader's own writes fail for the submission graded beside or after it. That is
     an environment_error (never scored, graded again by the next run), not a grader error that
     counts as the victim's runtime_error; the other submissions are graded as usual."""
-    real = pipeline.grade_submission
+    real = grading.grade_submission
 
     def full(sub, build, ctx, source=""):
         if sub.id == "s3":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(sub, build, ctx, source)
 
-    monkeypatch.setattr(pipeline, "grade_submission", full)
+    monkeypatch.setattr(scheduling, "grade_submission", full)
     ctx, graded = course.grade([gpu(0)])
     victim = load_result(ctx.out_dir / "s3.json")
     assert victim.status is Status.ENVIRONMENT_ERROR, victim.message
@@ -928,7 +957,7 @@ def test_a_full_scratch_disk_is_the_machines_fault_not_the_submissions(course, m
 @pytest.mark.parametrize("company", [True, False])
 def test_a_run_stage_that_failed_beside_others_is_run_again_alone(
         monkeypatch, tmp_path, make_submission, small_case, company):
-    """grade --lanes (grader/gate.py): a case that failed (out of memory here) while another
+    """grade --lanes (grader/schedule/gate.py): a case that failed (out of memory here) while another
     submission's run stage shared the GPU may be that one's doing. The cases run again with the
     GPU held alone before the verdict counts. A run stage that had the GPU to itself (no
     company) keeps its failure: nothing is run twice."""
@@ -938,7 +967,7 @@ def test_a_run_stage_that_failed_beside_others_is_run_again_alone(
     tries = []
 
     def ran(status: str, cases):
-        return pipeline.Ran({c.id: dict(status=status, message="CUDA out of memory" if status != "pass"
+        return run_stage.Ran({c.id: dict(status=status, message="CUDA out of memory" if status != "pass"
                                          else "", elapsed_s=0.1) for c in cases}, status, None, {})
 
     def first(sub_, build, cases, ctx_, work, jit=None, timed=None, prepared=None):
@@ -950,12 +979,12 @@ def test_a_run_stage_that_failed_beside_others_is_run_again_alone(
         tries.append("alone" if ctx_.gate.held_alone else "shared")
         return ran("pass", cases)
 
-    monkeypatch.setattr(pipeline, "run_cases_under_load", first)
-    monkeypatch.setattr(pipeline, "run_cases", again)
-    monkeypatch.setattr(pipeline, "check_outputs", lambda cases, runs, **kw: [
+    monkeypatch.setattr(grading, "run_cases_under_load", first)
+    monkeypatch.setattr(grading, "run_cases", again)
+    monkeypatch.setattr(check_stage, "check_outputs", lambda cases, runs, **kw: [
         CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"], c.hidden) for c in cases])
     probes = []   # the GPU's health probe after a failure: alone, no other submission beside it
-    monkeypatch.setattr(pipeline, "ensure_gpu_healthy", lambda ctx: probes.append(ctx.gate.held_alone))
+    monkeypatch.setattr(grading, "ensure_gpu_healthy", lambda ctx: probes.append(ctx.gate.held_alone))
     other = threading.Event()
 
     def beside():   # another lane's run stage, under way when this one starts
@@ -967,7 +996,7 @@ def test_a_run_stage_that_failed_beside_others_is_run_again_alone(
     if company:
         neighbour.start()
         other.wait(10)
-    result = pipeline.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx)
+    result = grading.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx)
     if company:
         neighbour.join(10)
         assert tries == ["shared", "alone"] and result.status is Status.PASS, result.message
@@ -988,9 +1017,9 @@ def test_what_a_shared_run_stage_tuned_is_forgotten_and_its_kernels_kept(tmp_pat
     kernel = jit / "triton" / "ab12" / "attn_fwd.cubin"
     tuned.write_text("{}")
     kernel.write_bytes(b"\0")
-    pipeline._forget_tuning(jit)
+    folders.forget_tuning(jit)
     assert not tuned.exists() and kernel.exists()
-    pipeline._forget_tuning(None)   # no JIT folder (a CUDA build): nothing to do
+    folders.forget_tuning(None)   # no JIT folder (a CUDA build): nothing to do
 
 
 def test_on_lanes_run_stages_leave_the_gpu_stages_cpus_to_the_time_stages(
@@ -1017,10 +1046,10 @@ def test_on_lanes_run_stages_leave_the_gpu_stages_cpus_to_the_time_stages(
         seen["time"] = ctx.cpus
         return types.SimpleNamespace(close=lambda: None)
 
-    monkeypatch.setattr(pipeline, "Stages", Recorded)
-    monkeypatch.setattr(pipeline, "time_subject", timer)
+    monkeypatch.setattr(early_runs, "Stages", Recorded)
+    monkeypatch.setattr(early_runs, "time_subject", timer)
     sub = inspect_folder(make_submission("s", "def custom_kernel(data):\n    return data[2]\n"))
-    prepared = pipeline.prepare(sub, BuildResult(Status.PASS, "import", 0.1), lanes, small_case)
+    prepared = early_runs.prepare(sub, BuildResult(Status.PASS, "import", 0.1), lanes, small_case)
     try:
         assert seen == dict(run=lanes.run_cpus, time=lanes.cpus)
     finally:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from grader import config
+from grader.common import config
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ SUBMISSIONS = {
 }
 
 # "correct" and "noisy" compute in numpy, which the Python audit's allowlist does not hold: right,
-# graded, and sent to review (not ranked until an instructor clears it; grader/allowlist.py).
+# graded, and sent to review (not ranked until an instructor clears it; grader/trusted/audit/allowlist.py).
 EXPECTED = {"correct": "review", "zeros": "mismatch", "raises": "runtime_error", "hangs": "timeout",
             "segfaults": "runtime_error", "noisy": "review", "half_heads": "mismatch",
             "nan_row": "mismatch", "wrong_shape": "mismatch", "syntax_error": "build_error",
@@ -165,7 +165,7 @@ def test_reports_say_what_ran(graded):
     assert run["device"]["cuda"] is False and run["finished_at"]
     html = (out / "leaderboard.html").read_text()
     assert "No CUDA device on the grading machine" in html and "nothing was timed" in html
-    # no GPU: correctness was not fully checked, so the run writes no grades (grader/exports.py)
+    # no GPU: correctness was not fully checked, so the run writes no grades (grader/report/exports.py)
     assert not (out / "grades.csv").exists()
     assert len(list((out / "feedback").glob("*.md"))) == len(EXPECTED)
     correct = json.loads((out / "correct.json").read_text())
@@ -249,10 +249,10 @@ def test_a_python_submissions_stages_share_its_jit_cache_and_no_one_elses(make_s
     """A Triton submission's timing process finds the kernels its run process compiled (session 8:
     recompiling cost about 8 s of a 28 s timing stage on an H100); another submission's processes
     never see them. Sandboxed where bubblewrap works (then as the sandbox's user), else plain."""
-    from grader.pipeline import jit_cache, jit_env
-    from grader.procs import child_env, run_limited
-    from grader.sandbox import Sandbox, default_layout
-    from grader.submission import inspect_folder
+    from grader.stages.folders import jit_cache, jit_env
+    from grader.isolation.procs import child_env, run_limited
+    from grader.isolation.sandbox import Sandbox, default_layout
+    from grader.course.submission import inspect_folder
     sandbox = Sandbox.probe(**default_layout(), mode="auto")
     if not sandbox.active and os.environ.get("REQUIRE_SANDBOX") == "1":
         pytest.fail("REQUIRE_SANDBOX=1 but bubblewrap cannot run here")

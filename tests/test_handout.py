@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from grader import config
+from grader.common import config
 
 from .conftest import has_nvcc
 
@@ -129,7 +129,7 @@ void launch(dim3 grid, dim3 block, cudaStream_t stream, const half* q, const hal
 """
     (tmp_path / "appendix.cu").write_text(unit)
     import torch.utils.cpp_extension as ext
-    from grader.device import find_nvcc
+    from grader.isolation.device import find_nvcc
     cmd = [find_nvcc(), "-c", str(tmp_path / "appendix.cu"), "-o", str(tmp_path / "appendix.o"),
            "-std=c++17", f"-arch=sm_{config.DEFAULT_CUDA_ARCH}", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE"]
     for inc in ext.include_paths():

@@ -17,13 +17,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader import config, harness, procs
-from grader.cases import Case
-from grader.inputs import make_random_inputs
-from grader.pipeline import SUBJECT
-from grader.procs import child_env
-from grader.results import LOOP_PARTS, TIME_PHASES
-from grader.text import clean
+from grader.common import config
+
+from grader.trusted import (calibration, call_checks, gpu_watch, replies, run_stage, time_stage,
+                            timed_calls)
+from grader.trusted.link import Link
+
+from grader.isolation import tree as tree_mod
+from grader.problem import Case
+from grader.problem import make_random_inputs
+from grader.stages.folders import SUBJECT
+from grader.isolation.procs import child_env
+from grader.course.results import LOOP_PARTS, TIME_PHASES
+from grader.common.text import clean
 
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
 
@@ -40,7 +46,7 @@ def run_spec(tmp_path, source: str, deadline_s: float = 60, **fields) -> dict:
 
 
 def run(tmp_path, source: str, deadline_s: float = 60, **fields) -> dict:
-    return harness.run_cases(run_spec(tmp_path, source, deadline_s, **fields))
+    return run_stage.run_cases(run_spec(tmp_path, source, deadline_s, **fields))
 
 
 def statuses(result: dict) -> list[str]:
@@ -77,7 +83,7 @@ def test_the_run_record_says_where_the_stage_s_time_went(tmp_path):
     assert list(phases) == ["harness", "buffers", "subject", "cases"] and all(s >= 0 for s in phases.values())
     assert 1.5 <= phases["subject"] < took and sum(phases.values()) <= took
     assert phases["harness"] < 1   # started in this process: no start or import to wait for
-    assert harness.phases(None, [("harness", 1.0), ("buffers", 3.5), ("subject", 4.0)]) == {
+    assert run_stage.phases(None, [("harness", 1.0), ("buffers", 3.5), ("subject", 4.0)]) == {
         "buffers": 2.5, "subject": 0.5}   # no spawn stamp: the first phase's start is unknown
 
 
@@ -147,13 +153,13 @@ def test_a_load_error_is_the_first_case_s_verdict(tmp_path):
 
 
 def test_reported_kernel_names_are_cleaned():
-    cleaned = harness.launched([["\x1b[2Jevil\nname", 3, 12.5], ["ok", 1, 0]], "launched", 5.0)
+    cleaned = replies.launched([["\x1b[2Jevil\nname", 3, 12.5], ["ok", 1, 0]], "launched", 5.0)
     assert cleaned == [[clean("\x1b[2Jevil\nname").replace("\n", " "), 3, 12.5], ["ok", 1, 0.0]]
 
 
 def protocol_error(fn, *args, **kwargs) -> str:
     """The message of the protocol violation `fn` raises (and fails the test if it raises none)."""
-    with pytest.raises(harness.SubjectGone) as raised:
+    with pytest.raises(replies.SubjectGone) as raised:
         fn(*args, **kwargs)
     assert raised.value.status == "runtime_error"
     assert raised.value.message.startswith("the subject broke the protocol"), raised.value.message
@@ -181,21 +187,21 @@ BAD_LAUNCHES = {
 def test_a_report_that_cannot_be_true_is_a_protocol_violation_naming_the_field(what):
     bad, honest, said = BAD_LAUNCHES[what]
     first = ["attention_kernel", 2, 100.0]
-    assert harness.launched([first, honest], "launched", 20.0)[1][:2] == honest[:2]
-    message = protocol_error(harness.launched, [first, bad], "launched", 20.0)
+    assert replies.launched([first, honest], "launched", 20.0)[1][:2] == honest[:2]
+    message = protocol_error(replies.launched, [first, bad], "launched", 20.0)
     assert said in message and "launched[1]" in message, message
 
 
 def test_every_number_a_call_s_reply_holds_is_checked():
-    """harness.call_record reads "done", "error" and "not_run" replies: each field it keeps has
+    """run_stage.call_record reads "done", "error" and "not_run" replies: each field it keeps has
     its type and its bounds, or the reply is a protocol violation that names it."""
     done = dict(event="done", n=1, returned=dict(type="Tensor", shape=[1, 2, 7, 64], dtype="float16",
                                                  usable=True, device="cpu"),
                 launched=[["aten::copy_", 2, 0.0]], peak_memory_bytes=4096)
-    record = harness.call_record(done, "cpu", elapsed=0.02)
+    record = run_stage.call_record(done, "cpu", elapsed=0.02)
     assert record["status"] == "pass" and record["peak_memory_bytes"] == 4096
     assert record["returned"] == dict(type="Tensor", shape=[1, 2, 7, 64], dtype="float16")
-    limit = harness.memory_bytes("cpu")
+    limit = replies.memory_bytes("cpu")
     for field, value, said in [
             ("peak_memory_bytes", limit + 1, "peak_memory_bytes is"),
             ("peak_memory_bytes", -5, "peak_memory_bytes is -5"),
@@ -208,39 +214,39 @@ def test_every_number_a_call_s_reply_holds_is_checked():
             ("launched", {"k": 1}, "launched is"),
             ("launched", [["k", 1, 0.0]] * 201, "a list of 201"),
             ("event", "finished", "event is 'finished'")]:
-        message = protocol_error(harness.call_record, dict(done, **{field: value}), "cpu", 0.02)
+        message = protocol_error(run_stage.call_record, dict(done, **{field: value}), "cpu", 0.02)
         assert said in message, (field, value, message)
     # an error reply: its context_alive is true or false, nothing else
     error = dict(event="error", n=1, error="ValueError", message="no", context_alive=False)
-    assert harness.call_record(error, "cpu", 0.02)["context_lost"] is True
+    assert run_stage.call_record(error, "cpu", 0.02)["context_lost"] is True
     assert "context_alive is 'no'" in protocol_error(
-        harness.call_record, dict(error, context_alive="no"), "cpu", 0.02)
+        run_stage.call_record, dict(error, context_alive="no"), "cpu", 0.02)
     not_run = dict(event="not_run", n=1, message="compiled", launched=[["k", 1, 0.0]])
-    assert harness.call_record(not_run, "cpu", 0.02)["status"] == "not_run"
-    protocol_error(harness.call_record, dict(not_run, launched=[["k", 1, 1e300]]), "cpu", 0.02)
+    assert run_stage.call_record(not_run, "cpu", 0.02)["status"] == "not_run"
+    protocol_error(run_stage.call_record, dict(not_run, launched=[["k", 1, 1e300]]), "cpu", 0.02)
 
 
 def test_a_reply_is_json_with_finite_numbers_only():
     """json.loads takes NaN, Infinity and 1e999 (as inf) unless told not to, and raises errors
     that are not JSONDecodeError on a 5000-digit integer or deep nesting: each is a protocol
     violation here, not a number kept or a crash of the trusted process."""
-    assert harness.parse_reply(b'{"event": "done", "n": 3, "x": [1.5, -2, 1e300]}')["x"][2] == 1e300
+    assert replies.parse_reply(b'{"event": "done", "n": 3, "x": [1.5, -2, 1e300]}')["x"][2] == 1e300
     for line in (b'{"x": NaN}', b'{"x": Infinity}', b'{"x": -Infinity}', b'{"x": 1e999}',
                  b'{"x": -1e999}'):
-        assert "its reply's x is" in protocol_error(harness.parse_reply, line), line
+        assert "its reply's x is" in protocol_error(replies.parse_reply, line), line
     # the field is named, wherever it is
-    said = protocol_error(harness.parse_reply, b'{"launched": [["k", 1, 2.5], ["x", 3, Infinity]]}')
+    said = protocol_error(replies.parse_reply, b'{"launched": [["k", 1, 2.5], ["x", 3, Infinity]]}')
     assert said.endswith("its reply's launched[1][2] is Infinity: not a finite number"), said
     # a NaN followed by what the parser cannot take is still a protocol violation, not a crash
     assert "its reply's number is NaN" in protocol_error(
-        harness.parse_reply, b'[NaN, ' + b"[" * 100_000 + b"]" * 100_000 + b"]")
+        replies.parse_reply, b'[NaN, ' + b"[" * 100_000 + b"]" * 100_000 + b"]")
     for line in (b'{"x": 1' + b"0" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000,
                  b"\xff\xfe", b'{"x": 1', b"[1, 2]"):
-        protocol_error(harness.parse_reply, line)
+        protocol_error(replies.parse_reply, line)
 
 
 def test_sequence_numbers_are_integers_and_a_bad_one_never_crashes_the_harness():
-    link = harness.Link.__new__(harness.Link)
+    link = Link.__new__(Link)
     link.awaiting, link.diagnostics = {4}, {}
     # n = [4] is not hashable: it once raised TypeError in the harness itself
     assert not link._set_aside(dict(event="diagnostics", n=[4], subject_ms=1.0))
@@ -249,9 +255,9 @@ def test_sequence_numbers_are_integers_and_a_bad_one_never_crashes_the_harness()
                                 t_synced=float("1e300"), junk=3))
     # a diagnostic is only shown: what cannot be a time is dropped, the rest kept as floats
     assert link.diagnostics == {4: {"subject_ms": 2.0}}
-    assert harness.Link._in_sequence(dict(n=1), 1) == dict(n=1)
+    assert Link._in_sequence(dict(n=1), 1) == dict(n=1)
     for n in (True, 1.0, "1", None):
-        protocol_error(harness.Link._in_sequence, dict(n=n), 1)
+        protocol_error(Link._in_sequence, dict(n=n), 1)
 
 
 REPORTS_INFINITY = """
@@ -298,7 +304,7 @@ def test_a_kernel_said_to_run_longer_than_the_timed_calls_is_a_runtime_error(tmp
     """The timed loop's kernels can explain no more time than the calls took by the harness's
     clock: an hour of GPU time over seconds of calls ends the time stage as a runtime_error
     naming the field; the honest twin is test_a_timed_call_is_answered_first_and_described_after."""
-    record = harness.time_case(time_spec(tmp_path, LONGER_THAN_ITS_CALLS, max_calls=3))
+    record = time_stage.time_case(time_spec(tmp_path, LONGER_THAN_ITS_CALLS, max_calls=3))
     assert record["failed"]["status"] == "runtime_error", record
     message = record["failed"]["message"]
     assert "its reply's kernels[0] GPU µs" in message and "3600000000.0" in message, message
@@ -307,17 +313,17 @@ def test_a_kernel_said_to_run_longer_than_the_timed_calls_is_a_runtime_error(tmp
 
 def test_output_problem_names_type_shape_and_dtype():
     case = CASES[1]
-    assert "returned NoneType" in harness.output_problem({"type": "NoneType"}, case)
-    assert "shape (1, 2, 7, 32)" in harness.output_problem(
+    assert "returned NoneType" in run_stage.output_problem({"type": "NoneType"}, case)
+    assert "shape (1, 2, 7, 32)" in run_stage.output_problem(
         {"type": "Tensor", "shape": [1, 2, 7, 32], "dtype": "float16"}, case)
-    assert "torch.float32" in harness.output_problem(
+    assert "torch.float32" in run_stage.output_problem(
         {"type": "Tensor", "shape": list(case.shape), "dtype": "float32"}, case)
-    assert harness.output_problem({"type": "Tensor", "shape": list(case.shape), "dtype": "float16"}, case) == ""
+    assert run_stage.output_problem({"type": "Tensor", "shape": list(case.shape), "dtype": "float16"}, case) == ""
 
 
 def test_corrected_times_take_the_later_clock_less_the_protocol():
-    from grader.timing import ProtocolCost
-    assert harness.corrected([10.0, 12.0], [10.5, 11.0], ProtocolCost(idle_ms=1.0)) == [9.5, 11.0]
+    from grader.course.verdicts import ProtocolCost
+    assert timed_calls.corrected([10.0, 12.0], [10.5, 11.0], ProtocolCost(idle_ms=1.0)) == [9.5, 11.0]
 
 
 def test_the_harness_result_is_json(tmp_path):
@@ -326,8 +332,8 @@ def test_the_harness_result_is_json(tmp_path):
 
 
 def test_the_protocol_cost_never_ranks_a_slower_call_faster():
-    from grader.harness import corrected
-    from grader.timing import ProtocolCost
+    from grader.trusted.timed_calls import corrected
+    from grader.course.verdicts import ProtocolCost
     cost = ProtocolCost(idle_ms=1.0, busy_ms=1.45, busy_work_ms=5.0)
     assert cost.for_call(0.5) == 1.0 and cost.for_call(1.0) == 1.0
     assert abs(cost.for_call(3.5) - 1.225) < 1e-9 and cost.for_call(40.0) == 1.45
@@ -344,7 +350,7 @@ def test_the_protocol_cost_never_ranks_a_slower_call_faster():
 
 
 def test_what_the_subject_says_about_its_own_time_is_parsed_defensively():
-    from grader.harness import _diagnostic_ms
+    from grader.trusted.timed_calls import _diagnostic_ms
     assert _diagnostic_ms(3.5) == 3.5 and _diagnostic_ms(0) == 0.0
     for bad in (None, True, "3", -1.0, float("nan"), float("inf"), 1e12, [1]):
         assert _diagnostic_ms(bad) is None
@@ -366,7 +372,7 @@ def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
     subject's account of itself comes in a second line after the harness's clock stopped, every
     output is read and verified, and the profiler saw the timed calls and the last warm-up."""
     started = time.monotonic()
-    record = harness.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n"))
+    record = time_stage.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n"))
     elapsed = time.monotonic() - started
     assert "failed" not in record, record
     # where the stage's time went, each part in order (results.TIME_PHASES), within it
@@ -389,9 +395,9 @@ def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
 
 
 def _verified(got, inputs, case, calls: int = 40) -> dict:
-    verify, pick = harness.new_verify(), random.Random(7)
+    verify, pick = call_checks.new_verify(), random.Random(7)
     for i in range(calls):
-        harness.verify_call(verify, i, got, inputs, case, pick, heads=4)
+        call_checks.verify_call(verify, i, got, inputs, case, pick, heads=4)
     return verify
 
 
@@ -403,7 +409,7 @@ def test_each_timed_output_is_checked_whole_for_writes_and_in_random_slices_for_
     case = Case(2, 8, 32, 16, seed=1)
     inputs = make_random_inputs(case.shape, seed=5, device="cpu")
     right = torch.nn.functional.scaled_dot_product_attention(*(t.float() for t in inputs)).half()
-    assert _verified(right, inputs, case) == dict(harness.new_verify(), checked=40)
+    assert _verified(right, inputs, case) == dict(call_checks.new_verify(), checked=40)
 
     unwritten = right.clone()
     unwritten[1, 6, 31, 15] = float("nan")     # one element the call never wrote
@@ -433,29 +439,29 @@ def test_a_spot_check_compares_slices_picked_after_the_calls_with_the_fp32_refer
     spec = dict(precision=dict(precision_factor=2.0, precision_floor=1e-3))
     found = set()
     for draw in range(12):
-        picked = harness.pick_slices(random.Random(draw), case, 3)
-        spots = harness.check_samples([(4, seed, right), (7, seed, wrong)], case, spec,
+        picked = call_checks.pick_slices(random.Random(draw), case, 3)
+        spots = call_checks.check_samples([(4, seed, right), (7, seed, wrong)], case, spec,
                                       random.Random(draw), heads=3)
         assert len(picked) == 3 and [s["call"] for s in spots] == [4, 7]
         assert all(s["slices"] == 3 for s in spots)
         assert spots[0]["finding"]["ok"]
         # the second output's slices are drawn after the first's, from the same generator
         second = random.Random(draw)
-        harness.pick_slices(second, case, 3)
-        has_six = 6 in harness.pick_slices(second, case, 3)
+        call_checks.pick_slices(second, case, 3)
+        has_six = 6 in call_checks.pick_slices(second, case, 3)
         assert spots[1]["finding"]["ok"] is not has_six
         if has_six:
             assert spots[1]["finding"]["first_bad"][0]["index"][:2] == [1, 2]
         found.add(has_six)
     assert found == {True, False}
     # with no more slices than asked for, all of them are compared
-    assert harness.pick_slices(random.Random(0), Case(1, 2, 16, 64, seed=1), 32) == [0, 1]
+    assert call_checks.pick_slices(random.Random(0), Case(1, 2, 16, 64, seed=1), 32) == [0, 1]
 
 
 def test_what_the_subject_reports_is_matched_to_the_timed_call_it_is_about(tmp_path):
     """Diagnostics lines are taken up late, so each is matched to its call by number: the slow
     warm-up calls are not taken for timed ones."""
-    record = harness.time_case(time_spec(tmp_path, """
+    record = time_stage.time_case(time_spec(tmp_path, """
         import time
         calls = []
         def custom_kernel(data):
@@ -476,7 +482,7 @@ def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_cl
     able to pause outside the clock: the harness waits for nothing but the reply to "go". A
     subject (patched from the submission, as a student could) that sleeps on taking up "arm"
     and before its diagnostics line has each sleep counted in a timed call."""
-    record = harness.time_case(time_spec(tmp_path, """
+    record = time_stage.time_case(time_spec(tmp_path, """
         import sys, time
         loop = sys.modules["__main__"]          # grader/subject/loop.py, run as a script
         arm, diagnostics = loop.Subject.arm, loop.Subject.diagnostics
@@ -496,7 +502,7 @@ def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_cl
     # own work between calls (reading and checking the output, new inputs: ~10 ms here)
     assert len(raw) == 4 and min(raw) > 220, raw
     # its honest twin, the same kernel without the pauses, is timed at the kernel's own time
-    twin = harness.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n",
+    twin = time_stage.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n",
                                        max_calls=4, name="twin"))
     assert "failed" not in twin, twin
     assert max(t for t, _ in twin["calls"]) < 100, twin["calls"]
@@ -505,8 +511,8 @@ def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_cl
 def test_a_call_far_slower_than_the_fast_ones_is_timed_coarsely():
     # Precision where it decides ranks: above coarse_ms (8% of the GPU's matmul peak), ten calls
     # within 2% place it; a fast call still needs the 0.5% of TIMING_MIN_REPS calls.
-    from grader.device import DeviceInfo
-    from grader.pipeline import coarse_ms
+    from grader.isolation.device import DeviceInfo
+    from grader.stages.time import coarse_ms
     largest = Case(4, 64, 8192, 128, seed=1)
     gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
                      memory_bytes=0, sm_count=0, driver="x", torch_version="x", cuda_version="x",
@@ -515,11 +521,11 @@ def test_a_call_far_slower_than_the_fast_ones_is_timed_coarsely():
     assert 140 < limit < 160   # 10x cuDNN's ~14.5 ms on this case
     assert coarse_ms(largest, dataclasses.replace(gpu, matmul_tflops=0.0)) is None
     slow = [716.0 + 0.5 * (i % 3) for i in range(config.TIMING_COARSE_MIN_REPS)]
-    assert harness.coarse_enough(slow, limit)
-    assert not harness.coarse_enough(slow[:-1], limit)              # too few calls
-    assert not harness.coarse_enough([17.5] * 20, limit)             # a fast kernel: full precision
-    assert not harness.coarse_enough([300.0, 900.0] * 5, limit)      # too noisy to place
-    assert not harness.coarse_enough(slow, None)                    # no peak measured
+    assert timed_calls.coarse_enough(slow, limit)
+    assert not timed_calls.coarse_enough(slow[:-1], limit)              # too few calls
+    assert not timed_calls.coarse_enough([17.5] * 20, limit)             # a fast kernel: full precision
+    assert not timed_calls.coarse_enough([300.0, 900.0] * 5, limit)      # too noisy to place
+    assert not timed_calls.coarse_enough(slow, None)                    # no peak measured
 
 
 def test_the_calibration_does_what_the_timed_loop_does_between_calls(tmp_path):
@@ -531,7 +537,7 @@ def test_the_calibration_does_what_the_timed_loop_does_between_calls(tmp_path):
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
                 case=case.to_dict(), l2_bytes=0, reps=5, warmup=1)
-    record = harness._calibration_calls(spec, "null")
+    record = calibration._calibration_calls(spec, "null")
     assert "failed" not in record, record
     assert len(record["raw"]) == 5 and all(t > 0 for t in record["raw"])
     assert record["verify"]["checked"] == 5   # null returns Q: each output read, checked, wrong
@@ -544,8 +550,8 @@ def test_the_calibration_starts_its_subjects_at_once_and_calls_them_in_turn(tmp_
     (session 15). They are spawned together, prepared as a run begun early is, and called one
     after another; each is closed once."""
     events = []
-    spawn, run, close = harness.Link.__init__, harness.Call.run, harness.Link.close
-    not_said = harness._not_said
+    spawn, run, close = Link.__init__, timed_calls.Call.run, Link.close
+    not_said = calibration._not_said
 
     def said(link, deadline, event, send=b""):
         failed = not_said(link, deadline, event, send)
@@ -565,18 +571,18 @@ def test_the_calibration_starts_its_subjects_at_once_and_calls_them_in_turn(tmp_
         events.append(("close", self.proc.pid, self.closed))
         close(self)
 
-    monkeypatch.setattr(harness.Link, "__init__", spawned)
-    monkeypatch.setattr(harness.Call, "run", called)
-    monkeypatch.setattr(harness.Link, "close", closed)
-    monkeypatch.setattr(harness, "_not_said", said)
+    monkeypatch.setattr(Link, "__init__", spawned)
+    monkeypatch.setattr(timed_calls.Call, "run", called)
+    monkeypatch.setattr(Link, "close", closed)
+    monkeypatch.setattr(calibration, "_not_said", said)
     case = Case(1, 2, 16, 64, seed=3)
     spec = dict(mode="calibrate", device="cpu", target=dict(kind="builtin", name="null"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
                 case=case.to_dict(), l2_bytes=0, reps=5, warmup=1)
-    record = harness.calibrate(spec)
+    record = calibration.calibrate(spec)
     assert "protocol" in record and record["protocol"]["idle_ms"] > 0, record
-    names = ("null", *harness.CALIBRATION_KERNELS)
+    names = ("null", *calibration.CALIBRATION_KERNELS)
     assert events[:3] == [("spawn", n, True) for n in names]   # all started at once
     # each prepared (CUDA and the profiler started) before the first call: none overlaps a call
     assert [e[0] for e in events[3:6]] == ["prepared"] * 3 and not any(e[2] for e in events[3:6])
@@ -613,7 +619,7 @@ PID_PRINTER = """
 def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):
     """Issue 13: one harness and one subject process for a submission's run and time stages; the
     pipeline decides between them (after the check) whether the time stage happens."""
-    from grader.pipeline import Stages
+    from grader.stages.harnesses import Stages
     spec, spec_path = stages_spec(tmp_path, PID_PRINTER)
     stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
     try:
@@ -631,7 +637,7 @@ def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):
 
 
 def test_a_run_that_is_not_timed_lets_its_subject_go(tmp_path):
-    from grader.pipeline import Stages
+    from grader.stages.harnesses import Stages
     spec, spec_path = stages_spec(tmp_path, PID_PRINTER)
     stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
     ran, _ = stages.ran(120)
@@ -649,10 +655,11 @@ SLOW_IMPORT = "import time\ntime.sleep(1.5)\n" + textwrap.dedent(PID_PRINTER)
 
 
 def test_a_run_begun_early_loads_the_submission_only_on_its_turn(tmp_path):
-    """pipeline.Lookahead (issue 13): a prepared harness starts its subject, which starts the
+    """lookahead.Lookahead (issue 13): a prepared harness starts its subject, which starts the
     profiler and waits; no submission code runs before "run" (the 1.5 s import lands in "load",
     after the wait); then run and time go on as usual, on that one subject."""
-    from grader.pipeline import Prepared, Stages
+    from grader.stages.harnesses import Prepared
+    from grader.stages.harnesses import Stages
     spec, spec_path = stages_spec(tmp_path, SLOW_IMPORT)
     stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
@@ -689,8 +696,9 @@ def test_a_run_begun_early_waits_on_the_builds_cpus_and_runs_on_the_gpu_stages(t
     timed calls, so it waits on the builds' CPUs, never the GPU stages' (whose harness and
     subject must get a core at once); on its turn every thread of its harness and subject moves
     to the GPU stages' CPUs before the submission is loaded."""
-    from grader.pipeline import Prepared, Stages
-    from grader.procs import CpuSplit
+    from grader.stages.harnesses import Prepared
+    from grader.stages.harnesses import Stages
+    from grader.isolation.cpus import CpuSplit
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
         pytest.skip("needs two CPUs")
@@ -700,7 +708,7 @@ def test_a_run_begun_early_waits_on_the_builds_cpus_and_runs_on_the_gpu_stages(t
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
     try:
         assert prepared.settle(120)
-        tree = procs.process_tree(stages.harness.proc.pid)
+        tree = tree_mod.process_tree(stages.harness.proc.pid)
         assert len(tree) >= 2   # the harness and its subject (and bubblewrap's, where it runs)
         for pid in tree:
             for task in os.listdir(f"/proc/{pid}/task"):
@@ -722,7 +730,8 @@ def test_a_run_begun_early_waits_on_the_builds_cpus_and_runs_on_the_gpu_stages(t
 
 
 def test_a_run_begun_early_and_not_wanted_ends_having_loaded_nothing(tmp_path):
-    from grader.pipeline import Prepared, Stages
+    from grader.stages.harnesses import Prepared
+    from grader.stages.harnesses import Stages
     marker = tmp_path / "imported"
     spec, spec_path = stages_spec(tmp_path, f"open({str(marker)!r}, 'w').close()\n")
     stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
@@ -745,16 +754,17 @@ def test_a_run_begun_early_and_not_wanted_ends_having_loaded_nothing(tmp_path):
 
 
 def test_a_run_begun_early_whose_subject_died_while_it_waited_says_so_on_its_turn(tmp_path):
-    """No record, so the pipeline grades the submission anew (pipeline.NotStarted); the harness's
+    """No record, so the pipeline grades the submission anew (harnesses.NotStarted); the harness's
     output, which the pipeline notes, says why."""
-    from grader.pipeline import Prepared, Stages
+    from grader.stages.harnesses import Prepared
+    from grader.stages.harnesses import Stages
     spec, spec_path = stages_spec(tmp_path, "def custom_kernel(data):\n    return data[2].clone()\n")
     stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
     try:
         assert prepared.settle(120)
         own = stages.harness.proc.pid
-        for pid in procs.process_tree(own) - {own}:
+        for pid in tree_mod.process_tree(own) - {own}:
             os.kill(pid, signal.SIGKILL)
         stages.go()
         ran, log = stages.ran(120)
@@ -768,7 +778,8 @@ def test_a_run_begun_early_has_one_limit_for_loading_and_its_cases(tmp_path):
     """As in a run not begun early, the submission's import and every case's call share the run
     limit, counted from its turn: a 5 s import and four 1.5 s calls do not fit in 9 s, although
     each part alone would."""
-    from grader.pipeline import Prepared, Stages
+    from grader.stages.harnesses import Prepared
+    from grader.stages.harnesses import Stages
     source = ("import time\ntime.sleep(5)\ndef custom_kernel(data):\n"
               "    time.sleep(1.5)\n    return data[2].clone()\n")
     spec, spec_path = stages_spec(tmp_path, source)
@@ -786,36 +797,37 @@ def test_a_run_begun_early_has_one_limit_for_loading_and_its_cases(tmp_path):
 
 
 def test_a_gpu_worker_s_next_harness_is_started_while_the_last_one_works(tmp_path):
-    """pipeline.take_harness in a GPU worker (keep_warm): the harness a run stage gets was started
+    """harnesses.take_harness in a GPU worker (keep_warm): the harness a run stage gets was started
     when the worker took the one before, so its start and imports are off the critical path
     ("run.harness"); one of another environment is replaced; the spare goes with the worker."""
-    from grader import pipeline
+    from grader.schedule import lookahead
+    from grader.stages import harnesses
     env = child_env(cuda=False)
     source = "def custom_kernel(data):\n    return data[2].clone()\n"
 
     def stage(name: str) -> dict:
         spec = run_spec(tmp_path / name, source)
-        record, log = pipeline.run_once(spec, tmp_path / name / "spec.json", env=env, cpus=None)
+        record, log = harnesses.run_once(spec, tmp_path / name / "spec.json", env=env, cpus=None)
         assert record is not None and statuses(record) == ["pass"] * 3, log
         return record["phases_s"]
 
-    with pipeline.keep_warm():
+    with lookahead.keep_warm():
         cold = stage("first")          # nothing was waiting: started now
-        spare = pipeline._SPARE.harness
+        spare = harnesses._SPARE.harness
         assert spare is not None and spare.proc.poll() is None
         time.sleep(3)                  # the spare's imports, while a submission would be checked
         warm = stage("second")
         assert spare.closed and spare.proc.returncode == 0   # it did the second's work
         assert warm["harness"] < 0.5 * cold["harness"], (warm, cold)
-        other = pipeline._SPARE.harness
-        got = pipeline.take_harness(dict(env, OTHER="1"), None)   # another environment
+        other = harnesses._SPARE.harness
+        got = harnesses.take_harness(dict(env, OTHER="1"), None)   # another environment
         assert got is not other and other.closed
         got.close()
-        last = pipeline._SPARE.harness
-    assert last.closed and last.proc.returncode == 0 and pipeline._SPARE.harness is None
+        last = harnesses._SPARE.harness
+    assert last.closed and last.proc.returncode == 0 and harnesses._SPARE.harness is None
     # outside a GPU worker nothing is kept
-    pipeline.take_harness(env, None).close()
-    assert pipeline._SPARE.harness is None
+    harnesses.take_harness(env, None).close()
+    assert harnesses._SPARE.harness is None
 
 
 
@@ -837,7 +849,7 @@ def grid_samples(busy: dict[int, float], periods: int = 10, start_us: int = 1_00
 
 
 def test_gpu_busy_turns_samples_into_shares_of_the_loop():
-    from grader.timing import gpu_busy
+    from grader.trusted.timing import gpu_busy
     device, processes = grid_samples({GRADER: 10.0, SUBJECT_PID: 30.0, HELPER: 5.0, STRANGER: 20.0})
     busy = gpu_busy(device, processes, start_us=1_000_000, end_us=2_000_000, calls=20,
                     subject={SUBJECT_PID, HELPER}, grader={GRADER})
@@ -855,7 +867,7 @@ def test_gpu_busy_turns_samples_into_shares_of_the_loop():
 
 
 def test_gpu_busy_falls_back_to_the_whole_gpu_or_says_it_cannot_tell():
-    from grader.timing import gpu_busy
+    from grader.trusted.timing import gpu_busy
     device, processes = grid_samples({GRADER: 10.0, SUBJECT_PID: 30.0})
     common = dict(start_us=1_000_000, end_us=2_000_000, calls=20, subject={SUBJECT_PID})
     # no per-process samples: the whole GPU's, and why
@@ -885,38 +897,38 @@ def test_gpu_busy_falls_back_to_the_whole_gpu_or_says_it_cannot_tell():
 
 
 def fake_nvml(pids_of, busy_of):
-    """A sampling source for harness.read_gpu_samples: a sample every 20 ms of the wall clock up
+    """A sampling source for gpu_watch.read_gpu_samples: a sample every 20 ms of the wall clock up
     to now, after `since_us`; each pid that pids_of() gives is busy at busy_of(pid) percent."""
     def read(since_us: int):
         device, processes = [], []
         t = (since_us // 20_000 + 1) * 20_000
-        while t <= harness._wall_us():
+        while t <= gpu_watch._wall_us():
             shares = {pid: busy_of(pid) for pid in pids_of()}
             device.append((t, min(sum(shares.values()), 100.0)))
             processes += [(t, pid, p) for pid, p in shares.items() if p]
             t += 20_000
-        return harness.GpuSamples(device=tuple(device), processes=tuple(processes))
+        return gpu_watch.GpuSamples(device=tuple(device), processes=tuple(processes))
     return read
 
 
 def test_the_timed_loop_records_how_busy_nvml_saw_the_gpu_and_for_whom(tmp_path, monkeypatch):
-    """harness.BusyWatch, with a sampling source standing in for NVML: the loop's window, its
+    """gpu_watch.BusyWatch, with a sampling source standing in for NVML: the loop's window, its
     calls, and the shares of the subject's processes (host pids found from the harness) and of
     the harness itself, which is not the submission's."""
     me = os.getpid()
-    monkeypatch.setattr(harness, "read_gpu_samples", fake_nvml(
-        lambda: procs.process_tree(me), lambda pid: 10.0 if pid == me else 60.0))
+    monkeypatch.setattr(gpu_watch, "read_gpu_samples", fake_nvml(
+        lambda: tree_mod.process_tree(me), lambda pid: 10.0 if pid == me else 60.0))
     source = "import time\ndef custom_kernel(data):\n    time.sleep(0.05)\n    return data[2] * 1\n"
-    record = harness.time_case(time_spec(tmp_path, source, max_calls=8))
+    record = time_stage.time_case(time_spec(tmp_path, source, max_calls=8))
     assert "failed" not in record, record
     busy = record["gpu_busy"]
     assert busy["source"] == "process" and busy["calls"] == 8, busy
     assert busy["window_ms"] >= 8 * 50 and busy["periods"] >= 10, busy
     assert abs(busy["subject_share"] - 0.6) < 0.01 and busy["others_share"] == 0.0, busy
     # a source that cannot read anything says why, and the record says nothing can be told
-    monkeypatch.setattr(harness, "read_gpu_samples",
-                        lambda since_us: harness.GpuSamples(why="NVML: Not Supported"))
-    record = harness.time_case(time_spec(tmp_path, source, max_calls=3, name="unread"))
+    monkeypatch.setattr(gpu_watch, "read_gpu_samples",
+                        lambda since_us: gpu_watch.GpuSamples(why="NVML: Not Supported"))
+    record = time_stage.time_case(time_spec(tmp_path, source, max_calls=3, name="unread"))
     assert record["gpu_busy"]["source"] == "" and "Not Supported" in record["gpu_busy"]["why"]
 
 
@@ -932,7 +944,7 @@ def test_reading_nvml_never_raises(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", without_pynvml)
-    assert "not installed" in harness.read_gpu_samples(0).why
+    assert "not installed" in gpu_watch.read_gpu_samples(0).why
     monkeypatch.setattr(builtins, "__import__", real_import)
 
     class NVMLError(Exception):
@@ -949,16 +961,16 @@ def test_reading_nvml_never_raises(monkeypatch):
     fake = types.SimpleNamespace(NVML_ERROR_NOT_FOUND=6, NVML_GPU_UTILIZATION_SAMPLES=1,
                                  nvmlDeviceGetSamples=fails, nvmlDeviceGetProcessUtilization=nothing_yet)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    monkeypatch.setitem(harness._NVML, "handle", "gpu0")
-    got = harness.read_gpu_samples(0)
+    monkeypatch.setitem(gpu_watch._NVML, "handle", "gpu0")
+    got = gpu_watch.read_gpu_samples(0)
     assert got.device is None and got.processes == () and "NVML error 3" in got.why
     fake.nvmlDeviceGetSamples = lambda h, kind, since: (1, [types.SimpleNamespace(
         timeStamp=since + 5, sampleValue=types.SimpleNamespace(uiVal=42))])
     fake.nvmlDeviceGetProcessUtilization = lambda h, since: [types.SimpleNamespace(
         timeStamp=since + 5, pid=7, smUtil=40)]
-    got = harness.read_gpu_samples(10)
-    assert got == harness.GpuSamples(device=((15, 42.0),), processes=((15, 7, 40.0),))
-    monkeypatch.delitem(harness._NVML, "handle")
+    got = gpu_watch.read_gpu_samples(10)
+    assert got == gpu_watch.GpuSamples(device=((15, 42.0),), processes=((15, 7, 40.0),))
+    monkeypatch.delitem(gpu_watch._NVML, "handle")
     fake.nvmlInit = fails
     if not torch.cuda.is_available():   # no GPU: said, not raised
-        assert "no CUDA device" in harness.read_gpu_samples(0).why
+        assert "no CUDA device" in gpu_watch.read_gpu_samples(0).why

@@ -13,10 +13,12 @@ import re
 
 import pytest
 
-from grader import config, hints
-from grader.build import BuildResult
-from grader.correctness import CaseResult
-from grader.status import Status
+from grader.common import config
+
+from grader.report import hints, hints_skeleton, hints_todos
+from grader.course.verdicts import BuildResult
+from grader.course.verdicts import CaseResult
+from grader.common.status import Status
 
 ROOT = config.REPO_ROOT
 SKELETON = (ROOT / "student" / "submission.cu").read_text()
@@ -129,7 +131,7 @@ def written(skeleton: str, steps: list[Step], way: Way) -> str:
 
 def states(source: str, skeleton: str = SKELETON) -> dict[str, bool]:
     """{label: open}"""
-    return {t.label: t.open for t in hints.todo_states(source, skeleton)}
+    return {t.label: t.open for t in hints_todos.todo_states(source, skeleton)}
 
 
 # ---------------------------------------------------------------- the CUDA skeleton's TODOs, done
@@ -379,7 +381,7 @@ TILELANG_STEPS = [
 """),
 ]
 
-CUTE_STEPS = [   # stage 1; the optional stage 2 changes the kernel above its TODOs (hints._DOES)
+CUTE_STEPS = [   # stage 1; the optional stage 2 changes the kernel above its TODOs (hints_todos._DOES)
     step("TODO(1.1)", """\
         if (kv_rows < Bc) {
             CUTE_UNROLL
@@ -444,7 +446,7 @@ TRACKS = {"cuda": (SKELETON, CUDA_STEPS), "triton": (TRITON, TRITON_STEPS),
 
 
 def labels(skeleton: str) -> list[str]:
-    return [t.label for t in hints.todo_states(skeleton, skeleton)]
+    return [t.label for t in hints_todos.todo_states(skeleton, skeleton)]
 
 
 def test_the_steps_cover_every_todo_of_each_skeleton_in_order():
@@ -478,7 +480,7 @@ def prefixes(steps: list[Step]):
 def check_prefix(skeleton: str, steps: list[Step], k: int, way: Way) -> None:
     src = written(skeleton, steps[:k], way)
     done = {s.label for s in steps[:k]}
-    todos = hints.todo_states(src, skeleton)
+    todos = hints_todos.todo_states(src, skeleton)
     # never an unfinished TODO called done, never a finished one called open (nor lost)
     assert {t.label: t.state for t in todos} == \
         {t.label: "done" if t.label in done else "open" for t in todos}, way.name
@@ -556,7 +558,7 @@ def test_a_deleted_placeholder_is_not_work():
     assert all(states(TRITON.replace("        pass\n", ""), TRITON).values())
     # nor is a deleted TODO(2.0) line a switch to version 2 (nor still the skeleton's)
     no_switch = written(SKELETON, CUDA_STEPS[:4], WAYS[0]).replace("constexpr int KERNEL_VERSION = 1;", "")
-    assert {t.label: t.state for t in hints.todo_states(no_switch, SKELETON)}["TODO(2.0)"] == "gone"
+    assert {t.label: t.state for t in hints_todos.todo_states(no_switch, SKELETON)}["TODO(2.0)"] == "gone"
     assert hints.progress_hint(no_switch, SKELETON).startswith(
         "The first TODO still on the skeleton's code is TODO(2.1)")
 
@@ -576,7 +578,7 @@ def test_the_write_without_its_guard_leaves_the_tails_open():
 def test_a_moved_declaration_does_not_cost_the_loop_its_match():
     """examples/naive_cuda declares o after the loop, not before it: a greedy diff matched that
     line and lost the loop, whose code then sat in no TODO's place."""
-    todos = {t.label: t.state for t in hints.todo_states(NAIVE, SKELETON)}
+    todos = {t.label: t.state for t in hints_todos.todo_states(NAIVE, SKELETON)}
     assert all(todos[f"TODO(1.{n})"] == "done" for n in range(1, 5)), todos
     # it has no version 2, no KERNEL_VERSION, no place for any TODO of stage 2: none is called
     # open, nor done
@@ -589,7 +591,7 @@ def test_a_moved_declaration_does_not_cost_the_loop_its_match():
 
 
 def test_the_skeleton_has_every_todo_open_and_stage_3_is_optional():
-    todos = hints.todo_states(SKELETON, SKELETON)
+    todos = hints_todos.todo_states(SKELETON, SKELETON)
     assert [t.label for t in todos] == ["TODO(1.1)", "TODO(1.2)", "TODO(1.3)", "TODO(1.4)",
                                         "TODO(2.0)", "TODO(2.1)", "TODO(2.2)", "TODO(2.3)",
                                         "TODO(2.4)", "TODO(2.5)", "TODO(3.1)", "TODO(3.2)", "TODO(3.3)"]
@@ -599,24 +601,24 @@ def test_the_skeleton_has_every_todo_open_and_stage_3_is_optional():
 
 
 def test_the_installed_skeleton_is_found_for_each_track():
-    assert hints.read_skeleton("cuda") == SKELETON and hints.read_skeleton("python") == TRITON
+    assert hints_skeleton.read_skeleton("cuda") == SKELETON and hints_skeleton.read_skeleton("python") == TRITON
     assert hints.first_open_todo(SKELETON).startswith("TODO(1.1)")       # no skeleton passed
     assert hints.first_open_todo(TRITON).startswith("TODO(1.1): load the K tile")
 
 
-@pytest.mark.parametrize("kind", sorted(hints.SKELETON_FILES))
+@pytest.mark.parametrize("kind", sorted(hints_skeleton.SKELETON_FILES))
 def test_each_todo_says_what_its_code_does_and_each_finished_example_does_it(kind):
-    """Every TODO of every track's skeleton has its entry in hints._DOES (without one, any code
+    """Every TODO of every track's skeleton has its entry in hints_todos._DOES (without one, any code
     in its place would close it, and every TODO sharing that place); the finished example of the
     track does every required one."""
-    skeleton = hints.read_skeleton(kind)
-    todos = hints.todo_states(skeleton, skeleton)
+    skeleton = hints_skeleton.read_skeleton(kind)
+    todos = hints_todos.todo_states(skeleton, skeleton)
     assert todos and all(t.open for t in todos)
-    assert {t.number for t in todos} == set(hints._DOES[kind])
+    assert {t.number for t in todos} == set(hints_todos._DOES[kind])
     example = {"cuda": "tiled_cuda/submission.cu", "python": "triton_flash/submission.py",
                "tilelang": "tilelang_flash/submission.py", "cute": "cute_flash/submission.cu"}[kind]
     source = (ROOT / "examples" / example).read_text()
-    assert not [t.label for t in hints.todo_states(source, skeleton) if t.open and not t.optional]
+    assert not [t.label for t in hints_todos.todo_states(source, skeleton) if t.open and not t.optional]
     assert hints.progress_hint(source).startswith("No TODO of stage")
 
 
@@ -726,7 +728,7 @@ def test_result_hints_name_the_tracks_own_todos():
 def test_a_python_syntax_error_is_named_as_python_with_its_line():
     broken = TRITON.replace("        pass\n", "        k = tl.load(K + (base\n")
     line = broken.splitlines().index("        k = tl.load(K + (base") + 1
-    # what the import check leaves (grader/build.py: the traceback's first lines, not the file's)
+    # what the import check leaves (grader/build/stage.py: the traceback's first lines, not the file's)
     build = BuildResult(Status.BUILD_ERROR, "import", 0.4,
                         message="import failed: SyntaxError: '(' was never closed",
                         log_tail="Traceback (most recent call last):\n  File \"loop.py\", line 487")
@@ -754,9 +756,10 @@ def test_other_import_errors_and_compile_errors_keep_their_own_words():
 
 
 def test_a_check_on_a_slow_machine_and_a_grading_run_get_their_own_words():
-    from grader.build import machine_words, slow_build_message
+    from grader.build.messages import machine_words, slow_build_message
     slow = BuildResult(Status.TIMEOUT, "compile_only", 300.0, message=slow_build_message(
-        "compile", 300, source_name="submission.cu", phase="ptxas", load=3.2))
+        "compile", 300, source_name="submission.cu", phase="ptxas", load=3.2),
+        students_machine=True)
     text = hints.hint_for(slow, [], SKELETON)
     assert "slow or busy" in text and "Raise the limit" in text and "unrolled" in text
     graded = BuildResult(Status.TIMEOUT, "compile_only", 300.0, message="compile did not finish within 300 s")
@@ -765,7 +768,7 @@ def test_a_check_on_a_slow_machine_and_a_grading_run_get_their_own_words():
     for check, words in ((object(), "this machine lacks"), (None, "the grading machine lacked")):
         machine, fault = machine_words(check)
         env = BuildResult(Status.ENVIRONMENT_ERROR, "compile_only", 1.0,
-                          message=f"{machine} lacks ninja. {fault}")
+                          message=f"{machine} lacks ninja. {fault}", students_machine=check is not None)
         assert words in hints.hint_for(env, [], SKELETON)
 
 
@@ -783,12 +786,12 @@ def test_an_error_on_a_hidden_case_only_sends_the_student_to_make_check():
 def test_quotes_are_whole_sentences():
     text = ("First sentence, e.g. with an abbreviation and lane, lane + 32, ... an ellipsis. "
             "Second one here. Third.")
-    assert hints.whole_sentences(text, 1000) == text
-    assert hints.whole_sentences(text, 90) == ("First sentence, e.g. with an abbreviation and "
+    assert hints_todos.whole_sentences(text, 1000) == text
+    assert hints_todos.whole_sentences(text, 90) == ("First sentence, e.g. with an abbreviation and "
                                                "lane, lane + 32, ... an ellipsis.")
-    assert hints.whole_sentences(text, 100) == text[:text.index(" Third")]
-    assert hints.whole_sentences(text, 10).endswith("an ellipsis.")   # never cut inside one
-    for todo in hints.todo_states(SKELETON, SKELETON) + hints.todo_states(TRITON, TRITON):
+    assert hints_todos.whole_sentences(text, 100) == text[:text.index(" Third")]
+    assert hints_todos.whole_sentences(text, 10).endswith("an ellipsis.")   # never cut inside one
+    for todo in hints_todos.todo_states(SKELETON, SKELETON) + hints_todos.todo_states(TRITON, TRITON):
         quote = todo.quote()
         said = quote.split(": ", 1)[1]
         assert todo.text.startswith(said), quote                      # a prefix of the TODO ...
@@ -797,9 +800,9 @@ def test_quotes_are_whole_sentences():
 
 
 def test_todo_text_is_the_whole_comment_block():
-    todo = next(t for t in hints.todo_states(SKELETON, SKELETON) if t.label == "TODO(1.1)")
+    todo = next(t for t in hints_todos.todo_states(SKELETON, SKELETON) if t.label == "TODO(1.1)")
     assert todo.text.endswith("add the 32 partial sums with __shfl_xor_sync so every lane holds the total.")
-    three = {t.label: t.text for t in hints.todo_states(SKELETON, SKELETON) if t.stage == 3}
+    three = {t.label: t.text for t in hints_todos.todo_states(SKELETON, SKELETON) if t.stage == 3}
     assert three["TODO(3.2)"] == "apply the online softmax to the accumulator fragments."
 
 

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from grader import config
-from grader.intake import (ArchiveRejected, DropError, Skipped, canvas_student,
-                           gradescope_submitters, open_drop, parse_yaml, student_folder, unpack)
-from grader.submission import Kind
+from grader.common import config
+from grader.course.intake import DropError, open_drop
+from grader.course.lms_drops import canvas_student, gradescope_submitters, parse_yaml
+from grader.course.student_entries import Skipped, student_folder
+from grader.course.archives import ArchiveRejected, unpack
+from grader.course.submission import Kind
 
 from .test_submission import finishes, honest, unblock
 
@@ -339,7 +341,7 @@ def test_grading_a_drop_gives_rows_and_lists_the_rest(tmp_path):
 
 
 def test_a_very_long_id_is_capped_to_a_file_name_and_stays_unique():
-    from grader.intake import ID_BYTES, _capped
+    from grader.course.intake import ID_BYTES, _capped
     group = "+".join(f"student.with.a.long.name{i}@cs.university-of-somewhere.edu" for i in range(5))
     other = group.replace("name4", "name5")
     a, b = _capped(group), _capped(other)
@@ -349,7 +351,7 @@ def test_a_very_long_id_is_capped_to_a_file_name_and_stays_unique():
 
 
 def test_a_second_run_never_unpacks_over_the_drop_a_first_is_grading(tmp_path):
-    from grader.locks import RunLock
+    from grader.course.locks import RunLock
     drop = tmp_path / "drop"
     _zip(drop / "ana.zip", {"ana/submission.py": PY})
     build = tmp_path / "build"

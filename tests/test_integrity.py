@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from grader.integrity import (PEAK_MARGIN, classify_launched, kernel_base_name,
-                              own_kernel_names, static_evidence, tampering_lines, timing_findings)
-from grader.submission import FILE_MARK
-from grader.timing import TimingStats
+from grader.trusted.integrity import PEAK_MARGIN, classify_launched, own_kernel_names, static_evidence, tampering_lines, timing_findings
+from grader.trusted.audit.kernels import kernel_base_name
+from grader.course.submission import FILE_MARK
+from grader.course.verdicts import TimingStats
 
 # read_sources' text of a folder with a C++ file and a Python file (FILE_MARK starts each file)
 SOURCE = FILE_MARK + "kernels.cu\n" + """
@@ -239,7 +239,7 @@ def test_a_reply_before_the_gpu_work_is_done_shows_in_the_gpu_clock():
 
 
 def test_wrong_timed_outputs_helpers_and_precision_are_findings():
-    from grader.compare import Finding
+    from grader.course.verdicts import Finding
     budget = Finding(ok=False, numel=10, mismatches=0, nan_count=0, inf_count=0,
                      max_abs_error=0.009, max_rel_error=0.01, rtol=0.01, atol=0.01,
                      plain_error=0.0004, precision_factor=3.0, precision_floor=0.002)

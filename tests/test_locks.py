@@ -1,4 +1,4 @@
-"""grader/locks.py: a run refused by a results folder's lock is told the way around it."""
+"""grader/course/locks.py: a run refused by a results folder's lock is told the way around it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from grader.locks import LockHeld, folder_lock, gpu_lock, with_out
+from grader.course.locks import LockHeld, folder_lock, gpu_lock, with_out
 
 
 def test_a_refused_run_is_given_this_command_with_a_results_folder_of_its_own(tmp_path, monkeypatch):

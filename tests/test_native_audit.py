@@ -23,14 +23,21 @@ from pathlib import Path
 
 import pytest
 
-from grader import build, config, integrity, reach
-from grader.submission import read_sources
+from grader.build import stage as build
+from grader.build import flags as build_flags, headers as build_headers
+
+from grader.common import config
+
+from grader.trusted import integrity
+
+from grader.trusted.audit import includes, object_file, reach
+from grader.course.submission import read_sources
 
 from .adversarial.assemble import HERE as ADVERSARIAL, assemble_one
 from .conftest import EXAMPLES, has_nvcc
 from .test_reach import compile_object, needs_gxx
 
-CUTLASS = build.cutlass_include()
+CUTLASS = build_flags.cutlass_include()
 needs_cutlass = pytest.mark.skipif(CUTLASS is None or shutil.which("g++") is None,
                                    reason="needs g++ and the nvidia-cutlass wheel's headers")
 GEMM = "cutlass/gemm/device/gemm.h"
@@ -39,11 +46,12 @@ GEMM = "cutlass/gemm/device/gemm.h"
 def opened(tmp_path: Path, source: str, *flags: str) -> Path:
     """The record a build leaves of the files its preprocessor opened for `source` (g++ -M;
     headers it cannot find are listed, not opened: -MG), beside the object's path, returned."""
-    src, depfile = tmp_path / "cuda.cu.cpp", tmp_path / build.DEPFILE
+    src, depfile = tmp_path / "cuda.cu.cpp", tmp_path / build_headers.DEPFILE
     src.write_text(textwrap.dedent(source))
     subprocess.run(["g++", "-M", "-MG", "-MF", str(depfile), "-x", "c++", "-std=c++17",
                     "-I", CUTLASS, *flags, str(src)], check=True, capture_output=True, timeout=300)
-    build.record_headers(tmp_path, build._depfile_headers(depfile), how="g++ -M", base=tmp_path)
+    build_headers.record_headers(tmp_path, build_headers._depfile_headers(depfile), how="g++ -M",
+                                 base=tmp_path)
     return tmp_path / build.STUDENT_OBJECT
 
 
@@ -128,7 +136,7 @@ def test_cute_and_cutlass_building_blocks_pass_though_they_open_kernel_free_head
     tmp = tmp_path / "cute"
     tmp.mkdir()
     opened(tmp, "#include <cute/tensor.hpp>\n")
-    assert not any(reach.CUTLASS_KERNEL_HEADERS.match(re.sub(r"^.*?/(cutlass/)", r"\1", h))
+    assert not any(includes.CUTLASS_KERNEL_HEADERS.match(re.sub(r"^.*?/(cutlass/)", r"\1", h))
                    for h in reach.read_headers_record(tmp / build.HEADERS_RECORD))
 
 
@@ -152,15 +160,15 @@ def test_the_building_blocks_kernel_free_headers_are_what_the_installed_cutlass_
                         targets.add(candidate)
                         break
             graph[rel] = targets
-    seen, stack = set(), [h for h in graph if not reach.CUTLASS_KERNEL_HEADERS.match(h)
+    seen, stack = set(), [h for h in graph if not includes.CUTLASS_KERNEL_HEADERS.match(h)
                           and not h.startswith("cutlass/experimental/")]
     while stack:
         for target in graph.get(stack.pop(), ()):
             if target not in seen:
                 seen.add(target)
                 stack.append(target)
-    assert {h for h in seen if reach.CUTLASS_KERNEL_HEADERS.match(h)} \
-        == reach.CUTLASS_BUILDING_BLOCK_HEADERS
+    assert {h for h in seen if includes.CUTLASS_KERNEL_HEADERS.match(h)} \
+        == includes.CUTLASS_BUILDING_BLOCK_HEADERS
 
 
 @needs_cutlass
@@ -241,7 +249,7 @@ def test_a_cpp_submissions_kernels_are_what_its_object_defines_never_a_header_no
     flags = integrity.classify_launched(launched, own, gpu=True)
     assert [(f.name.split("<")[0], f.reason) for f in flags] == \
         [("void (anonymous namespace)::softmax_warp_forward", "not in the source")]
-    assert integrity.kernel_base_names(reach.defined_kernels(obj)) == names
+    assert integrity.kernel_base_names(object_file.defined_kernels(obj)) == names
 
 
 @needs_gxx
@@ -255,7 +263,7 @@ def test_a_kernel_with_internal_linkage_is_the_objects_too(tmp_path):
         template void attention_kernel3<64>(const float*, float*, int);
         void (*keep)(const float*, float*, int) = &attention_kernel3<64>;
     """)
-    assert reach.defined_kernels(obj) == ["void attention_kernel3<64>(float const*, float*, int)"]
+    assert object_file.defined_kernels(obj) == ["void attention_kernel3<64>(float const*, float*, int)"]
     assert integrity.cpp_kernel_names(obj) == {"attention_kernel3"}
 
 
@@ -400,9 +408,9 @@ def test_a_kernels_own_constructs_are_no_note(line):
 
 def compile_check(folder: Path, build_dir: Path) -> Path:
     """The grader's own compile check (nvcc, no GPU) of a submission folder; its build folder."""
-    from grader.device import find_nvcc
+    from grader.isolation.device import find_nvcc
     build_dir.mkdir(parents=True)
-    proc = subprocess.run([sys.executable, "-m", "grader.build", "compile_only",
+    proc = subprocess.run([sys.executable, "-m", "grader.build.stage", "compile_only",
                            str(folder / "submission.cu"), "--name", "audit_" + folder.name,
                            "--build-dir", str(build_dir), "--arch", config.DEFAULT_CUDA_ARCH,
                            "--nvcc", find_nvcc()], cwd=config.REPO_ROOT, capture_output=True,

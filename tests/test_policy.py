@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grader import config
-from grader.policy import POLICY_FILE, Policy, PolicyError, load_policy, missing_baselines
+from grader.common import config
+from grader.course.policy import POLICY_FILE, Policy, PolicyError, load_policy, missing_baselines
 
 GOOD = POLICY_FILE.read_text(encoding="utf-8")
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu_run"

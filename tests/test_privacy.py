@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from grader.build import BuildResult
-from grader.correctness import CaseResult
-from grader.policy import Policy
-from grader.privacy import Redactor, hidden_cases
-from grader.report import RUN_FILE, write_reports
-from grader.results import SubmissionResult, read_results, write_result
-from grader.status import Status
+from grader.course.verdicts import BuildResult
+from grader.course.verdicts import CaseResult
+from grader.course.policy import Policy
+from grader.report.privacy import Redactor, hidden_cases
+from grader.report.pages import RUN_FILE, write_reports
+from grader.course.results import SubmissionResult, read_results, write_result
+from grader.common.status import Status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu_run"
 POLICY = Policy(pseudonyms=True, hide_solution=True, pseudonym_salt="test-salt")

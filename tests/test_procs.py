@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import config, procs
-from grader.procs import run_limited
+from grader.common import config
+
+from grader.isolation import cpus as cpus_mod, procs, tree as tree_mod
+from grader.isolation.procs import run_limited
 
 
 def test_ok_and_exit_code():
@@ -76,7 +78,7 @@ def test_a_child_dies_with_the_process_that_started_it():
     # A parent that starts a sleeper through run_limited, then is killed with SIGKILL: the
     # sleeper must not be left running (PR_SET_PDEATHSIG).
     mark = uuid.uuid4().hex
-    parent_code = ("import sys; from grader.procs import run_limited; "
+    parent_code = ("import sys; from grader.isolation.procs import run_limited; "
                    "run_limited([sys.executable, '-c', 'import time; time.sleep(600)'], timeout_s=600)")
     parent = subprocess.Popen([sys.executable, "-c", parent_code], cwd=config.REPO_ROOT,
                               env={**os.environ, "PROCS_TEST_MARK": mark,
@@ -118,36 +120,36 @@ AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)), flush=True)"
 
 
 def test_sixteen_cpus_keep_three_for_the_gpu_stages():
-    split = procs.split_cpus(3, range(16))
+    split = cpus_mod.split_cpus(3, range(16))
     assert split.reserved and split.gpu == (13, 14, 15) and split.build == tuple(range(13))
     assert split.describe() == "GPU stages on CPUs 13-15, builds on 0-12"
-    gaps = procs.split_cpus(3, [0, 2, 4, 6, 8, 10, 12])   # a cpuset with holes: by position
+    gaps = cpus_mod.split_cpus(3, [0, 2, 4, 6, 8, 10, 12])   # a cpuset with holes: by position
     assert gaps.gpu == (8, 10, 12) and gaps.build == (0, 2, 4, 6)
     assert gaps.describe() == "GPU stages on CPUs 8,10,12, builds on 0,2,4,6"
 
 
 def test_fewer_than_six_cpus_reserve_nothing():
     for n in (1, 2, 4, 5):
-        split = procs.split_cpus(3, range(n))
+        split = cpus_mod.split_cpus(3, range(n))
         assert not split.reserved and split.gpu == split.build == tuple(range(n))
-    assert procs.split_cpus(3, range(4)).describe() == (
+    assert cpus_mod.split_cpus(3, range(4)).describe() == (
         "GPU stages share CPUs 0-3 with the builds (none reserved)")
-    assert procs.split_cpus(3, range(6)).gpu == (3, 4, 5)   # the threshold itself
-    assert not procs.split_cpus(0, range(16)).reserved
-    assert procs.split_cpus(99, range(8)).build == (0,)     # builds keep at least one
+    assert cpus_mod.split_cpus(3, range(6)).gpu == (3, 4, 5)   # the threshold itself
+    assert not cpus_mod.split_cpus(0, range(16)).reserved
+    assert cpus_mod.split_cpus(99, range(8)).build == (0,)     # builds keep at least one
 
 
 def test_the_reservation_is_a_limit_the_environment_overrides(monkeypatch):
     assert config.Limits().gpu_stage_cpus == 3
     monkeypatch.setenv("GRADER_GPU_STAGE_CPUS", "5")
-    split = procs.split_cpus(config.Limits.from_env().gpu_stage_cpus, range(16))
+    split = cpus_mod.split_cpus(config.Limits.from_env().gpu_stage_cpus, range(16))
     assert split.gpu == (11, 12, 13, 14, 15) and split.build == tuple(range(11))
     monkeypatch.setenv("GRADER_GPU_STAGE_CPUS", "0")
-    assert not procs.split_cpus(config.Limits.from_env().gpu_stage_cpus, range(16)).reserved
+    assert not cpus_mod.split_cpus(config.Limits.from_env().gpu_stage_cpus, range(16)).reserved
 
 
 def test_the_split_is_of_this_process_cpus():
-    split = procs.split_cpus(3)
+    split = cpus_mod.split_cpus(3)
     assert set(split.gpu) | set(split.build) == os.sched_getaffinity(0)
     if split.reserved:
         assert not set(split.gpu) & set(split.build)
@@ -177,18 +179,23 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
                                                             small_case, tmp_path):
     # Every caller passes its side of the split: a build the builds' CPUs; the harness (with it
     # the calibration), the checker and the health probe the GPU stages'.
-    from grader import build, correctness, pipeline
-    from grader.device import DeviceInfo
-    from grader.progress import Progress
-    from grader.submission import inspect_folder
-    split = procs.CpuSplit(gpu=(7,), build=(0, 1, 2))
+    from grader.build import stage as build
+    from grader.trusted import correctness
+    from grader.stages import context
+    from grader.stages import harnesses
+    from grader.stages import health
+    from grader.stages import time as time_stage
+    from grader.isolation.device import DeviceInfo
+    from grader.report.progress import Progress
+    from grader.course.submission import inspect_folder
+    split = cpus_mod.CpuSplit(gpu=(7,), build=(0, 1, 2))
     started = []   # (what, cpus)
 
     def fake_run_limited(cmd, **kw):
-        what = next(a for a in ("loop.py", "grader.harness", "pytest", "-c")
+        what = next(a for a in ("loop.py", "grader.trusted.harness", "pytest", "-c")
                     if any(str(part).endswith(a) for part in cmd))
         started.append((what, kw.get("cpus")))
-        if what == "grader.harness":   # a calibration that succeeds
+        if what == "grader.trusted.harness":   # a calibration that succeeds
             spec = json.loads(Path(cmd[-1]).read_text())
             Path(spec["result"]).write_text(json.dumps(dict(
                 protocol=dict(idle_ms=1.2, busy_ms=1.3, busy_work_ms=5.0), rtt_ms=0.1)))
@@ -198,9 +205,9 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
         started.append(("checker", checker.cpus))
         return procs.ProcResult(0, False, 0.0, "", 0)
 
-    for module in (build, pipeline):
+    for module in (build, harnesses, health):
         monkeypatch.setattr(module, "run_limited", fake_run_limited)
-    for module in (build, correctness, pipeline):
+    for module in (build, correctness, context):
         monkeypatch.setattr(module, "split_cpus", lambda reserve, available=None: split)
     monkeypatch.setattr(correctness.WarmChecker, "run", fake_check)
     gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
@@ -209,15 +216,15 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
     notes = []
     progress = Progress(1, live=False)
     monkeypatch.setattr(progress, "note", notes.append)
-    ctx = pipeline.GradeContext(cases=(small_case,), device=gpu, limits=config.Limits(),
+    ctx = context.GradeContext(cases=(small_case,), device=gpu, limits=config.Limits(),
                                 out_dir=tmp_path, build_dir=tmp_path / "build", progress=progress)
     sub = inspect_folder(make_submission("fine", "def custom_kernel(data):\n    return data[0]\n"))
     build._build_once(sub, build_dir=tmp_path / "b", device=gpu, limits=config.Limits(),
                       log_path=None, sandbox=None)
-    pipeline._measure_protocol(ctx)
+    time_stage._measure_protocol(ctx)
     correctness._run_checker({}, out_dir=tmp_path, limits=config.Limits(), env={})
-    pipeline.ensure_gpu_healthy(ctx)
-    assert started == [("loop.py", (0, 1, 2)), ("grader.harness", (7,)), ("checker", (7,)),
+    health.ensure_gpu_healthy(ctx)
+    assert started == [("loop.py", (0, 1, 2)), ("grader.trusted.harness", (7,)), ("checker", (7,)),
                        ("-c", (7,))]
     assert notes[-1].startswith("protocol calibrated: 1.200 ms")
     assert notes[-1].endswith("; GPU stages on CPUs 7, builds on 0-2")
@@ -226,7 +233,7 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
 def test_a_child_s_import_path_never_holds_its_current_folder(monkeypatch, tmp_path):
     """An empty or relative PYTHONPATH entry is the current folder to Python, and a subject's
     current folder is the submission's: its json.py would be imported by the grader's own code
-    in the subject before the submission's turn (a run begun early, pipeline.Lookahead)."""
+    in the subject before the submission's turn (a run begun early, lookahead.Lookahead)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["", "/abs/x", "rel", ""]))
     env = procs.child_env(cuda=False)
     assert env["PYTHONPATH"].split(os.pathsep) == [str(config.REPO_ROOT), "/abs/x"]
@@ -257,16 +264,16 @@ def test_a_process_whose_leader_thread_ended_is_waited_for_until_its_last_thread
                 break
             time.sleep(0.02)
         assert state == "Z"
-        assert procs.started_at(proc.pid) is not None   # its other thread still runs
-        assert procs.wait_exited({proc.pid}, timeout_s=0.2) == {proc.pid}
+        assert tree_mod.started_at(proc.pid) is not None   # its other thread still runs
+        assert tree_mod.wait_exited({proc.pid}, timeout_s=0.2) == {proc.pid}
         started = time.monotonic()
-        assert procs.wait_exited({proc.pid}, timeout_s=10) == set()
+        assert tree_mod.wait_exited({proc.pid}, timeout_s=10) == set()
         assert time.monotonic() - started > 0.3   # it waited for the last thread
     finally:
         proc.kill()
         proc.wait()
-    assert procs.started_at(proc.pid) is None
-    assert procs.wait_exited({proc.pid}, timeout_s=0) == set()
+    assert tree_mod.started_at(proc.pid) is None
+    assert tree_mod.wait_exited({proc.pid}, timeout_s=0) == set()
 
 
 def test_only_a_process_that_became_a_subreaper_counts_its_children_as_adopted():
@@ -275,13 +282,13 @@ def test_only_a_process_that_became_a_subreaper_counts_its_children_as_adopted()
     own children counted as a subject's, so a close there kills none of them."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert procs.adopted() == set()
-        script = ("import os, sys, time; from grader import procs; procs.become_subreaper(); "
+        assert tree_mod.adopted() == set()
+        script = ("import os, sys, time; from grader.isolation import tree; tree.become_subreaper(); "
                   "pid = os.fork()\n"
                   "if pid == 0:\n"
                   "    if os.fork() == 0: time.sleep(5)\n"
                   "    os._exit(0)\n"
-                  "os.waitpid(pid, 0); time.sleep(0.5); print(len(procs.adopted()))")
+                  "os.waitpid(pid, 0); time.sleep(0.5); print(len(tree.adopted()))")
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                              timeout=60, cwd=config.REPO_ROOT).stdout.split()
         assert out == ["1"]   # the grandchild, orphaned, came to the subreaper

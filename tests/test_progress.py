@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from grader.progress import Progress, clock, eta_seconds
-from grader.status import Status
+from grader.report.progress import Progress, clock, eta_seconds
+from grader.common.status import Status
 
 from .test_results import sample
 

@@ -15,16 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from grader import config, harness
-from grader.cases import Case
-from grader.correctness import CaseResult
-from grader.feedback import ERRORS_WITHHELD, errors_withheld, feedback_markdown
-from grader.pipeline import SUBJECT
-from grader.privacy import Redactor
-from grader.procs import child_env
-from grader.results import SubmissionResult
-from grader.status import Status
-from grader.subject.loop import RAISED_HERE, student_traceback
+from grader.common import config
+
+from grader.trusted import run_stage
+from grader.problem import Case
+from grader.course.verdicts import CaseResult
+from grader.report.feedback import ERRORS_WITHHELD, errors_withheld, feedback_markdown
+from grader.stages.folders import SUBJECT
+from grader.report.privacy import Redactor
+from grader.isolation.procs import child_env
+from grader.course.results import SubmissionResult
+from grader.common.status import Status
+from grader.subject.tracebacks import RAISED_HERE, student_traceback
 
 GRADER_FRAMES = ("loop.py", "harness.py", "grader/", "importlib", "<frozen")
 
@@ -187,7 +189,7 @@ def test_an_import_error_in_the_subject_is_the_first_case_s_verdict_with_its_lin
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, out_dir=str(tmp_path),
                 result=str(tmp_path / "run.json"), env=child_env(cuda=False), cases=[case.to_dict()])
-    message = harness.run_cases(spec)["cases"][case.id]["message"]
+    message = run_stage.run_cases(spec)["cases"][case.id]["message"]
     assert message.startswith("import failed: SyntaxError: expected ':' (helpers.py, line 1)\n"), message
     lines = lines_of(message)
     at = lines.index(f'  File "helpers.py", line 1{RAISED_HERE}')

@@ -1,4 +1,4 @@
-"""grader/quota.py: what a submission's processes may keep in a folder they write. Each attack
+"""grader/isolation/quota.py: what a submission's processes may keep in a folder they write. Each attack
 writes past small limits in a real process tree; the honest twin stays under them."""
 
 from __future__ import annotations
@@ -13,15 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from grader import config, pipeline
-from grader.build import BuildResult, build_submission
-from grader.cases import Case
-from grader.correctness import WarmChecker
-from grader.progress import Progress
-from grader.quota import Quota, usage
-from grader.sandbox import Sandbox, default_layout
-from grader.status import Status
-from grader.submission import inspect_folder
+from grader.common import config
+
+from grader.stages import context
+
+from grader.stages import grade as grading
+from grader.build.stage import build_submission
+from grader.course.verdicts import BuildResult
+from grader.problem import Case
+from grader.trusted.correctness import WarmChecker
+from grader.report.progress import Progress
+from grader.isolation.quota import Quota, usage
+from grader.isolation.sandbox import Sandbox, default_layout
+from grader.common.status import Status
+from grader.course.submission import inspect_folder
 
 from .test_build import CPU
 
@@ -210,7 +215,7 @@ def test_a_run_that_fills_its_jit_cache_is_a_runtime_error(make_submission, tmp_
         pytest.skip("bubblewrap cannot run here")
     limits = config.Limits(folder_gb=8 / 1024, folder_files=1000, run_s=120)
     case = Case(1, 2, 16, 64, seed=3)
-    ctx = pipeline.GradeContext(cases=(case,), device=CPU, limits=limits, out_dir=tmp_path / "out",
+    ctx = context.GradeContext(cases=(case,), device=CPU, limits=limits, out_dir=tmp_path / "out",
                                 build_dir=tmp_path / "build",
                                 progress=Progress(1, live=False, stream=io.StringIO()),
                                 sandbox=sandbox or Sandbox(None, "off in this test"))
@@ -220,7 +225,7 @@ def test_a_run_that_fills_its_jit_cache_is_a_runtime_error(make_submission, tmp_
                                 Status.MISMATCH)):   # V is not attention: a verdict of its own
         sub = inspect_folder(make_submission(name, textwrap.dedent(source)))
         started = time.monotonic()
-        result = pipeline.grade_submission(sub, built, ctx)
+        result = grading.grade_submission(sub, built, ctx)
         assert result.status is want, (name, result.message)
         assert time.monotonic() - started < 60   # killed as it went over
         assert ("more than the grader allows into its JIT cache folder" in result.message) \

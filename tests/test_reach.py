@@ -1,4 +1,4 @@
-"""Reach audit (grader/reach.py): what a CUDA submission's build could get at, read before it runs,
+"""Reach audit (grader/trusted/audit/reach.py): what a CUDA submission's build could get at, read before it runs,
 and the subject's loader (sources only)."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from grader import config, reach
-from grader.submission import read_sources
+from grader.common import config
+
+from grader.trusted.audit import object_file, reach
+from grader.course.submission import read_sources
 
 from .conftest import EXAMPLES, has_nvcc
 
@@ -45,7 +47,7 @@ def test_the_subject_imports_the_audited_source_never_a_shipped_cache(tmp_path):
         folder = {str(folder)!r}
         if sys.argv[1] == "subject":
             from pathlib import Path
-            from grader.subject.loop import source_only_imports
+            from grader.subject.load import source_only_imports
             source_only_imports(Path(folder).resolve())
         sys.path.insert(0, folder)
         import helper
@@ -74,13 +76,13 @@ needs_gxx = pytest.mark.skipif(any(shutil.which(t) is None for t in ("g++", "nm"
 def compile_object(tmp_path, source: str, *flags: str) -> Path:
     """An object file as a build leaves it: beside it, the record of the headers its compile
     opened (build.HEADERS_RECORD, from g++'s dependency list as from nvcc's)."""
-    from grader import build
+    from grader.build import headers as build_headers
     src, obj = tmp_path / "cuda.cu.cpp", tmp_path / "cuda.cuda.o"
     src.write_text(textwrap.dedent(source))
-    subprocess.run(["g++", "-c", "-fPIC", "-O1", "-MD", "-MF", str(tmp_path / build.DEPFILE),
+    subprocess.run(["g++", "-c", "-fPIC", "-O1", "-MD", "-MF", str(tmp_path / build_headers.DEPFILE),
                     *flags, "-o", str(obj), str(src)], check=True, timeout=300)
-    build.record_headers(tmp_path, build._depfile_headers(tmp_path / build.DEPFILE),
-                         how="g++ -MD", base=tmp_path)
+    build_headers.record_headers(tmp_path, build_headers._depfile_headers(tmp_path / build_headers.DEPFILE),
+                                 how="g++ -MD", base=tmp_path)
     return obj
 
 
@@ -184,8 +186,8 @@ def test_the_reference_solution_passes_the_reach_audit(tmp_path):
     """The solution is compiled as every submission is (the compile check's translation unit and
     flags) and its object's imports audited: a kernel that reaches the driver through an
     entry-point lookup would rank the reference row 'flagged' on the GPU (session 8, kernel 6)."""
-    from grader.device import find_nvcc
-    proc = subprocess.run([sys.executable, "-m", "grader.build", "compile_only",
+    from grader.isolation.device import find_nvcc
+    proc = subprocess.run([sys.executable, "-m", "grader.build.stage", "compile_only",
                            str(REPO / "solution" / "submission.cu"), "--name", "solution_audit",
                            "--build-dir", str(tmp_path), "--arch", config.DEFAULT_CUDA_ARCH,
                            "--nvcc", find_nvcc()], cwd=REPO, capture_output=True, text=True,
@@ -194,24 +196,24 @@ def test_the_reference_solution_passes_the_reach_audit(tmp_path):
     assert [f.describe() for f in reach.native_reach(tmp_path / "cuda.cuda.o")] == []
     # nothing for an instructor to review, and its kernels (in an anonymous namespace) are its own
     assert reach.native_review(tmp_path, read_sources(REPO / "solution")) == ([], [])
-    from grader.integrity import cpp_kernel_names
+    from grader.trusted.integrity import cpp_kernel_names
     assert {"attention_kernel3", "attention_kernel5", "attention_kernel6"} <= \
         cpp_kernel_names(tmp_path / "cuda.cuda.o")
 
 
 def test_without_nm_the_audit_says_what_the_machine_lacks(monkeypatch, tmp_path):
-    monkeypatch.setattr(reach.shutil, "which", lambda name: None)
+    monkeypatch.setattr(object_file.shutil, "which", lambda name: None)
     with pytest.raises(reach.AuditUnavailable, match="binutils"):
         reach.native_reach(tmp_path / "cuda.cuda.o")
 
 
 def test_an_unauditable_build_is_the_machines_fault(monkeypatch, tmp_path):
-    from grader.build import BuildResult
-    from grader.pipeline import audit_build
-    from grader.status import Status
-    from grader.submission import inspect_folder
+    from grader.course.verdicts import BuildResult
+    from grader.stages.judge import audit_build
+    from grader.common.status import Status
+    from grader.course.submission import inspect_folder
     sub = inspect_folder(EXAMPLES / "naive_cuda")
-    monkeypatch.setattr(reach.shutil, "which", lambda name: None)
+    monkeypatch.setattr(object_file.shutil, "which", lambda name: None)
     r = audit_build(sub, BuildResult(Status.PASS, "extension", 1.0, artifact="x.so"), tmp_path)
     assert r.status is Status.ENVIRONMENT_ERROR and "binutils" in r.message
 

@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-from grader.cases import Case
-from grader.inputs import make_inputs
-from grader.compare import plain_error_of
-from grader.reference import attention_plain_fp16, attention_reference
+from grader.problem import Case
+from grader.problem import make_inputs
+from grader.trusted.compare import plain_error_of
+from grader.problem import attention_plain_fp16, attention_reference
 
 
 def _attention_fp64(q, k, v):

@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from grader import config
+from grader.common import config
 
 from .conftest import has_nvcc
 
@@ -149,7 +149,7 @@ def test_the_release_names_no_hidden_shape_and_no_instructor_path(unpacked):
     handout = (unpacked / "student" / "README.md").read_text()
     assert "sequence lengths that are not a multiple of the tile, as small\n  as 1; `head_dim` 64" in handout
     # the shipped grader still runs: the scrubbed settings are paths that do not exist
-    proc = subprocess.run([sys.executable, "-c", "from grader import config; import grader.__main__; "
+    proc = subprocess.run([sys.executable, "-c", "from grader.common import config; import grader.cli.main; "
                            "print(config.HIDDEN_CASES.exists(), config.SOLUTION_DIR.is_dir())"],
                           cwd=unpacked, capture_output=True, text=True, timeout=120)
     assert proc.stdout.split() == ["False", "False"], proc.stderr[-2000:]
@@ -199,7 +199,7 @@ def test_make_check_from_the_unpacked_release(unpacked):
 def test_make_check_of_the_cute_track_from_the_unpacked_release(unpacked):
     """A fresh kit's CuTe template compiles as shipped on a machine without a GPU: the set-up
     provides the CUTLASS/CuTe headers (the nvidia-cutlass wheel) and every CUDA build has them on
-    its include path (grader/build.py)."""
+    its include path (grader/build/flags.py)."""
     proc = subprocess.run(["make", "check", "SUBMISSION=student/cute"], cwd=unpacked,
                           env=kit_env(), capture_output=True, text=True, timeout=900)
     out = proc.stdout
@@ -282,8 +282,8 @@ def test_a_slow_compile_in_the_unpacked_release_names_the_limit_to_raise(unpacke
     that names the variable to raise, never a "Compiled for" line. A student's laptop has no
     bubblewrap (GRADER_SANDBOX=off): the wrapper lives outside the folders a sandbox shows."""
     import shlex
-    from grader.build import BUILD_PHASES
-    from grader.device import find_nvcc
+    from grader.build.watch import BUILD_PHASES
+    from grader.isolation.device import find_nvcc
     cuda = tmp_path / "slow-cuda"
     (cuda / "bin").mkdir(parents=True)
     nvcc = cuda / "bin" / "nvcc"
@@ -386,7 +386,7 @@ def test_checks_of_two_folders_run_at_once_and_one_folder_twice_names_out(unpack
     check has a results folder of its own (results/check/<folder>): a check runs while another
     folder's check holds its lock, and a second check of the same folder is refused with the way
     around (--out). The first check is stood for by its lock, held here."""
-    from grader.locks import folder_lock
+    from grader.course.locks import folder_lock
     for name in ("mine_a", "mine_b"):
         (unpacked / name).mkdir(exist_ok=True)
         (unpacked / name / "submission.py").write_text("def custom_kernel(data):\n    return data[0]\n")

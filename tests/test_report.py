@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from grader.exports import GRADES_COLUMNS, grades_csv, gradescope_results
-from grader.feedback import feedback_markdown
-from grader.policy import Policy, PolicyError, load_policy
-from grader.report import RUN_FILE, build_rows, chart, text_table, write_reports
-from grader.results import write_result
-from grader.status import Status
-from grader.timing import summarize
+from grader.report.exports import GRADES_COLUMNS, grades_csv, gradescope_results
+from grader.report.feedback import feedback_markdown
+from grader.course.policy import Policy, PolicyError, load_policy
+from grader.report.pages import RUN_FILE, chart, text_table, write_reports
+from grader.report.rows import build_rows
+from grader.course.results import write_result
+from grader.common.status import Status
+from grader.trusted.timing import summarize
 
 from .test_results import sample
 
@@ -72,7 +73,7 @@ def test_policy_file_is_read_and_bad_keys_are_named(tmp_path):
     bad.write_text("[correctness]\npoints_per_case = 3\n")
     with pytest.raises(PolicyError, match="unknown key"):
         load_policy(bad)
-    from grader.config import REPO_ROOT
+    from grader.common.config import REPO_ROOT
     load_policy(REPO_ROOT / "grading.toml")   # the shipped policy is valid
 
 

@@ -4,13 +4,15 @@ import statistics
 
 import pytest
 
-from grader.build import BuildResult
-from grader.compare import BadElement, Finding
-from grader.correctness import CaseResult
-from grader.results import (NO_RESULT_STATUS, ResultUnreadable, RunFileError, SubmissionResult,
+from grader.course.verdicts import BuildResult
+from grader.course.verdicts import BadElement
+from grader.course.verdicts import Finding
+from grader.course.verdicts import CaseResult
+from grader.course.results import (NO_RESULT_STATUS, ResultUnreadable, RunFileError, SubmissionResult,
                             key_digest, load_result, read_results, write_result)
-from grader.status import Status, worst
-from grader.timing import TimingStats, median_interval, summarize
+from grader.common.status import Status, worst
+from grader.trusted.timing import median_interval, summarize
+from grader.course.verdicts import TimingStats
 
 
 def sample(id="alice", status=Status.MISMATCH, role="student", timing=None):

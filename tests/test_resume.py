@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from grader import config, reaper
-from grader.locks import LockHeld, RunLock, folder_lock
-from grader.report import write_reports
-from grader.results import read_results
+from grader.common import config
+
+from grader.isolation import reaper
+from grader.course.locks import LockHeld, RunLock, folder_lock
+from grader.report.pages import write_reports
+from grader.course.results import read_results
 
 from .conftest import ctrl_c_reaches_it
 
@@ -262,7 +264,7 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_stale_lock_is_taken_ove
 
 def test_gpu_lock_is_exclusive_per_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADER_LOCK_DIR", str(tmp_path / "locks"))
-    from grader.locks import gpu_lock
+    from grader.course.locks import gpu_lock
     first = gpu_lock("GPU-1234", "NVIDIA H200")
     assert first.acquire() == ""
     try:

@@ -1,4 +1,4 @@
-"""The review queue and the instructors' decisions (grader/review.py, issue 30): what the queue
+"""The review queue and the instructors' decisions (grader/course/review.py, issue 30): what the queue
 holds and why, decisions that hold for one source only, every report following them, the
 instructors' page showing the queue and the students' page never, the `review` command's
 errors, and the round trip on the real grader (grade, decide, regrade, change the source)."""
@@ -20,20 +20,21 @@ from pathlib import Path
 
 import pytest
 
-from grader import config
-from grader.__main__ import main
-from grader.build import BuildResult
-from grader.correctness import CaseResult
-from grader.gradescope import problems
-from grader.policy import Policy
-from grader.report import RUN_FILE, build_rows, review_entries, terminal_table, write_reports
-from grader.results import KernelShare, SubmissionResult, read_results, write_result
-from grader.review import (CLEARED, DECISIONS_FILE, DISQUALIFIED, Decision, ReviewError,
+from grader.common import config
+from grader.cli.main import main
+from grader.course.verdicts import BuildResult
+from grader.course.verdicts import CaseResult
+from grader.report.gradescope import problems
+from grader.course.policy import Policy
+from grader.report.pages import RUN_FILE, review_entries, terminal_table, write_reports
+from grader.report.rows import build_rows
+from grader.course.results import KernelShare, SubmissionResult, read_results, write_result
+from grader.course.review import (CLEARED, DECISIONS_FILE, DISQUALIFIED, Decision, ReviewError,
                            apply_decisions, decision_log, load_decisions, make_decision,
                            read_source, record_decision, review_queue)
-from grader.runs import folder_digest
-from grader.status import Status
-from grader.timing import summarize
+from grader.course.submission import folder_digest
+from grader.common.status import Status
+from grader.trusted.timing import summarize
 
 POLICY = Policy(pseudonym_salt="review-test", review_top=2)
 CASES = [dict(id="b1_h2_s77_d64", hidden=True, line="batch_size: 1; num_heads: 2; seq_len: 77; "
@@ -147,7 +148,7 @@ def test_a_time_equal_to_a_librarys_is_queued_and_a_slower_one_is_not():
 
 
 def test_in_a_run_on_several_gpus_a_time_is_compared_with_its_own_gpus_library_rows():
-    from grader.results import GpuRef
+    from grader.course.results import GpuRef
     on = lambda r, i: dataclasses.replace(r, gpu=GpuRef(i, "NVIDIA H100"))
     results = [on(_result("first", Status.PASS, 2.0, source="s1"), 0),
                on(_result("second", Status.PASS, 2.0, source="s2"), 1),
@@ -312,7 +313,7 @@ def test_grades_exports_and_feedback_follow_a_decision(course, tmp_path):
 
 
 def test_what_a_student_sees_of_the_audit_is_scrubbed_and_its_notes_are_withheld(course, tmp_path):
-    from grader.privacy import Redactor
+    from grader.report.privacy import Redactor
     r = next(r for r in read_results(course) if r.id == "rev")
     shown = Redactor.for_run(RUN).student_result(dataclasses.replace(
         r, review=(f"{tmp_path}/subs/rev/submission.py line 3: statistics",)))
@@ -361,7 +362,7 @@ def test_the_instructors_page_has_the_review_section_and_the_students_page_none_
 
 
 def test_the_chart_draws_only_times_that_rank(course):
-    from grader.report import chart
+    from grader.report.pages import chart
     rows = build_rows(read_results(course), run=RUN, policy=POLICY)
     names = {b["name"] for b in chart(rows)["bars"]}
     assert "rev" not in names and {"quick", "mid", "slow", "sdpa_flash"} <= names

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from grader.policy import Policy
-from grader.report import RUN_FILE, text_table, build_rows, write_reports
-from grader.results import read_results
-from grader.roster import RosterError, join, load_roster
+from grader.course.policy import Policy
+from grader.report.pages import RUN_FILE, text_table, write_reports
+from grader.report.rows import build_rows
+from grader.course.results import read_results
+from grader.course.roster import RosterError, join, load_roster
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu_run"
 POLICY = Policy(pseudonym_salt="roster-test")
@@ -84,7 +85,7 @@ def test_grades_csv_carries_the_roster_with_a_bom(tmp_path):
 
 
 def test_roster_option_on_the_command_line(tmp_path, capsys):
-    from grader.__main__ import main
+    from grader.cli.main import main
     out = tmp_path / "results"
     shutil.copytree(FIXTURES, out)
     bad = tmp_path / "bad.csv"

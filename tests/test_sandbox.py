@@ -1,4 +1,4 @@
-"""The sandbox's cuDNN cover (issue 30, grader/sandbox.py): a student's subject cannot load any
+"""The sandbox's cuDNN cover (issue 30, grader/isolation/sandbox.py): a student's subject cannot load any
 cuDNN engine library, while the dispatcher libcudnn.so.N and every other file stay as they are;
 the checker's and the baselines' processes (not wrapped with hide_libraries) keep cuDNN whole.
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import sandbox as sandbox_mod
-from grader.procs import child_env
-from grader.sandbox import (Sandbox, cudnn_engines, default_layout, empty_file, find_cudnn_engines,
+from grader.isolation import sandbox as sandbox_mod
+from grader.isolation.procs import child_env
+from grader.isolation.sandbox import (Sandbox, cudnn_engines, default_layout, empty_file, find_cudnn_engines,
                             hide_args, ldconfig_libraries)
 
 ENGINES = ("libcudnn_adv.so.9", "libcudnn_cnn.so.9", "libcudnn_engines_precompiled.so.9",
@@ -186,7 +186,7 @@ def test_a_hidden_engine_cannot_be_loaded_and_the_dispatcher_still_can(tmp_path)
 
 def _probe_script():
     import importlib.util
-    from grader import config
+    from grader.common import config
     path = config.REPO_ROOT / "scripts" / "probe_hidden_cudnn.py"
     spec = importlib.util.spec_from_file_location("probe_hidden_cudnn", path)
     module = importlib.util.module_from_spec(spec)

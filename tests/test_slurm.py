@@ -1,4 +1,4 @@
-"""Grading on Slurm (issue 13, grader/slurm.py), against a real single-node Slurm on loopback
+"""Grading on Slurm (issue 13, grader/executors/slurm.py), against a real single-node Slurm on loopback
 (tests/slurm_cluster.py: munged, slurmctld and slurmd from Debian's slurm-wlm). The tasks run on
 the CPU: small Python submissions, the Triton-free kind, on one small case.
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import config
-from grader.results import read_results
-from grader.runs import WORKERS_FILE, LockHeld, RunSession
+from grader.common import config
+from grader.course.results import read_results
+from grader.course.runs import WORKERS_FILE, LockHeld, RunSession
 
 from . import slurm_cluster
 from .conftest import ctrl_c_reaches_it
@@ -44,7 +44,7 @@ CORRECT = """
         return torch.from_numpy(p / p.sum(-1, keepdims=True) @ v).half()
 """
 # "correct" computes in numpy, which the Python audit's allowlist does not hold: right, graded and
-# sent to review (grader/allowlist.py), on Slurm as in a local run.
+# sent to review (grader/trusted/audit/allowlist.py), on Slurm as in a local run.
 EXPECTED = dict(correct="review", zeros="mismatch", syntax="build_error")
 GRADE_S = 600   # one grading run on a slow, loaded 2-core machine, queueing included
 
@@ -128,7 +128,7 @@ def _mtimes(out: Path) -> dict[str, int]:
 
 
 def grader_version() -> str:
-    from grader.runs import grader_version
+    from grader.course.runs import grader_version
     return grader_version.__wrapped__()   # not the cached one: the code as it is now
 
 
@@ -278,7 +278,7 @@ def test_no_partition_and_no_sbatch_are_usage_errors(tmp_path):
 
 
 def test_a_worker_needs_its_run_to_admit_it(tmp_path):
-    from grader.device import DeviceInfo
+    from grader.isolation.device import DeviceInfo
     device = DeviceInfo(cuda=False, name="cpu", capability=None, arch="90a", l2_bytes=0,
                         memory_bytes=0, sm_count=0, driver="none", torch_version="", cuda_version=None,
                         nvcc=None, python="")

@@ -1,7 +1,8 @@
 import pytest
 
-from grader.intake import DropError
-from grader.submission import Kind, discover, inspect_folder
+from grader.course.intake import DropError
+from grader.course.submission import Kind, inspect_folder
+from grader.course.intake import discover
 
 
 def test_kinds_and_invalid_folders(tmp_path):
@@ -50,9 +51,9 @@ import threading
 import time
 from pathlib import Path
 
-from grader import runs
-from grader.runs import folder_digest
-from grader.submission import (NotRegular, open_regular, read_regular, read_sources,
+from grader.course import submission
+from grader.course.submission import folder_digest
+from grader.course.submission import (NotRegular, open_regular, read_regular, read_sources,
                                split_sources, unsafe_entries)
 
 GOOD = "from helper import custom_kernel  # noqa: F401\n"
@@ -250,7 +251,7 @@ def test_open_regular_never_opens_a_pipe_a_device_or_a_link(tmp_path):
 def test_a_pipe_swapped_in_after_the_look_is_opened_without_blocking_and_refused(tmp_path, monkeypatch):
     """The race intake cannot close: the entry was a regular file when looked at and is a pipe
     when opened. O_NONBLOCK opens the pipe at once (no writer needed) and fstat refuses it."""
-    from grader import submission
+    from grader.course import submission
     (tmp_path / "file").write_text("x")
     _fifo(tmp_path / "pipe")
     looked = os.stat(tmp_path / "file")
@@ -269,7 +270,7 @@ def test_folder_digest_reads_no_more_than_its_cap_and_still_sees_a_change(tmp_pa
         f.truncate(1 << 40)
     first = finishes(folder_digest, folder)
     assert first == folder_digest(folder)
-    monkeypatch.setattr(runs, "DIGEST_CONTENT_BYTES", 100)
+    monkeypatch.setattr(submission, "DIGEST_CONTENT_BYTES", 100)
     (folder / "big.txt").write_text("a" * 200)
     before = folder_digest(folder)
     time.sleep(0.05)   # the change time's clock ticks every few milliseconds
@@ -289,9 +290,9 @@ def test_folder_digest_tells_a_pipe_from_a_file_and_hashes_a_link_to_a_folder(tm
 
 
 def test_the_source_shown_in_feedback_is_read_safely(tmp_path):
-    """submission.source_text (the lead's pipeline._read_source is to call it): the file's text,
+    """submission.source_text (the lead's folders.read_source_text is to call it): the file's text,
     capped; through a link inside the folder; never through one out of it; never a pipe."""
-    from grader.submission import source_text
+    from grader.course.submission import source_text
     folder = honest(tmp_path / "s")
     sub = inspect_folder(folder)
     assert source_text(sub) == GOOD and source_text(sub, limit=5) is None

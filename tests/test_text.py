@@ -1,6 +1,6 @@
 """Text from a submission, made safe at the boundary."""
 
-from grader.text import clean, clean_line
+from grader.common.text import clean, clean_line
 
 
 def test_lone_surrogates_and_bad_bytes_become_valid_utf8():

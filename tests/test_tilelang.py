@@ -12,11 +12,15 @@ import textwrap
 
 import pytest
 
-from grader import allowlist, config, integrity
-from grader.correctness import CaseResult
-from grader.hints import hint_for, progress_hint
-from grader.status import Status
-from grader.submission import read_sources
+from grader.trusted.audit import allowlist
+
+from grader.common import config
+
+from grader.trusted import integrity
+from grader.course.verdicts import CaseResult
+from grader.report.hints import hint_for, progress_hint
+from grader.common.status import Status
+from grader.course.submission import read_sources
 
 from .conftest import EXAMPLES, has_nvcc
 

@@ -12,11 +12,16 @@ import sys
 import numpy as np
 import pytest
 
-from grader import build, reach, sandbox
-from grader.build_cache import BuildCache
-from grader.device import DeviceInfo
-from grader.integrity import classify_launched, own_kernel_names
-from grader.submission import inspect_folder
+from grader.build import stage as build
+from grader.build import child as build_child, flags as build_flags, log as build_log
+
+from grader.trusted.audit import object_file, reach
+
+from grader.isolation import sandbox
+from grader.build.cache import BuildCache
+from grader.isolation.device import DeviceInfo
+from grader.trusted.integrity import classify_launched, own_kernel_names
+from grader.course.submission import inspect_folder
 
 from .conftest import EXAMPLES
 from .test_reach import compile_object, needs_gxx
@@ -31,19 +36,19 @@ GPU = dataclasses.replace(CPU, cuda=True, name="gpu", capability=(9, 0), cuda_ve
 
 
 def test_the_set_up_installs_cutlass_and_its_headers_are_found():
-    folder = build.cutlass_include()
+    folder = build_flags.cutlass_include()
     assert folder, "nvidia-cutlass is not installed: scripts/bootstrap.sh installs it"
     assert os.path.isfile(os.path.join(folder, "cute", "tensor.hpp"))
     assert os.path.isfile(os.path.join(folder, "cutlass", "numeric_types.h"))
-    identity = build.cutlass_identity()
+    identity = build_flags.cutlass_identity()
     assert identity["headers"].count(".") == 2 and identity["dist"].startswith(identity["headers"])
 
 
 def test_the_cutlass_headers_are_on_the_compile_checks_and_the_extensions_include_path(
         tmp_path, monkeypatch):
-    folder = build.cutlass_include()
-    cmd = build.compile_check_command(tmp_path / "cuda.cu", tmp_path / "cuda.cuda.o", "m", "90a",
-                                      "nvcc")
+    folder = build_flags.cutlass_include()
+    cmd = build_child.compile_check_command(tmp_path / "cuda.cu", tmp_path / "cuda.cuda.o", "m", "90a",
+                                            "nvcc")
     assert any(cmd[i] == "-I" and cmd[i + 1] == folder for i in range(len(cmd) - 1)), cmd
     from torch.utils import cpp_extension
     seen = {}
@@ -52,28 +57,30 @@ def test_the_cutlass_headers_are_on_the_compile_checks_and_the_extensions_includ
     monkeypatch.setattr(cpp_extension, "_import_module_from_library",
                         cpp_extension._import_module_from_library)
     (tmp_path / "submission.cu").write_text("// a kernel\n")
-    build.build_extension(tmp_path / "submission.cu", "m", tmp_path / "b", "90a")
+    build_child.build_extension(tmp_path / "submission.cu", "m", tmp_path / "b", "90a")
     assert seen["extra_include_paths"] == [folder]
 
 
 def test_the_sandbox_lets_a_build_read_the_cutlass_headers():
-    folder = os.path.realpath(build.cutlass_include())
+    folder = os.path.realpath(build_flags.cutlass_include())
     readable = sandbox.default_layout()["readable"]
     assert any(folder == r or folder.startswith(os.path.realpath(r) + os.sep) for r in readable)
 
 
 def test_without_the_wheel_plain_cuda_builds_and_a_cute_build_names_what_to_install(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "cutlass_include", lambda: None)
-    cmd = build.compile_check_command(tmp_path / "cuda.cu", tmp_path / "cuda.cuda.o", "m", "90a",
-                                      "nvcc")
+    monkeypatch.setattr(build_flags, "cutlass_include", lambda: None)
+    monkeypatch.setattr(build_log, "cutlass_include", lambda: None)
+    cmd = build_child.compile_check_command(tmp_path / "cuda.cu", tmp_path / "cuda.cuda.o", "m", "90a",
+                                            "nvcc")
     assert not [c for c in cmd if "cutlass" in c]
     for out in ("cuda.cu:20:10: fatal error: cute/tensor.hpp: No such file or directory",
                 'cuda.cu(20): catastrophic error: cannot open source file "cutlass/numeric_types.h"'):
         problem = build.environment_problem(out, "compile_only")
         assert "nvidia-cutlass" in problem and "bootstrap.sh" in problem, out
     # with the headers installed, a misspelt CuTe header is the student's own build error
-    monkeypatch.setattr(build, "cutlass_include", lambda: "/somewhere")
+    monkeypatch.setattr(build_flags, "cutlass_include", lambda: "/somewhere")
+    monkeypatch.setattr(build_log, "cutlass_include", lambda: "/somewhere")
     assert build.environment_problem("fatal error: cute/tensorr.hpp: No such file or directory",
                                      "compile_only") == ""
 
@@ -82,18 +89,18 @@ def test_the_build_key_changes_with_the_cutlass_version(tmp_path, monkeypatch):
     (tmp_path / "alice").mkdir()
     (tmp_path / "alice" / "submission.cu").write_text("#include <cute/tensor.hpp>\n")
     alice = inspect_folder(tmp_path / "alice")
-    real = build.cutlass_identity()
+    real = build_flags.cutlass_identity()
     for device in (CPU, GPU):
         key = lambda: BuildCache.key(build.build_inputs(alice, device))
         base = key()
-        monkeypatch.setattr(build, "cutlass_identity", lambda: {**real, "dist": "4.3.0.0",
-                                                                "headers": "4.3.0"})
+        monkeypatch.setattr("grader.build.inputs.cutlass_identity",
+                            lambda: {**real, "dist": "4.3.0.0", "headers": "4.3.0"})
         assert key() != base
-        monkeypatch.setattr(build, "cutlass_identity", lambda: {**real, "digest": "edited"})
+        monkeypatch.setattr("grader.build.inputs.cutlass_identity", lambda: {**real, "digest": "edited"})
         assert key() != base
-        monkeypatch.setattr(build, "cutlass_identity", lambda: None)   # uninstalled
+        monkeypatch.setattr("grader.build.inputs.cutlass_identity", lambda: None)   # uninstalled
         assert key() != base
-        monkeypatch.setattr(build, "cutlass_identity", lambda: real)
+        monkeypatch.setattr("grader.build.inputs.cutlass_identity", lambda: real)
         assert key() == base
 
 
@@ -217,7 +224,7 @@ def test_the_examples_tiling_math_is_softmax_attention(S, D):
 
 
 def test_the_hint_follows_the_cute_template_not_the_cuda_skeleton():
-    from grader import hints
+    from grader.report import hints
     template = (build.config.REPO_ROOT / "student" / "cute" / "submission.cu").read_text()
     assert hints.progress_hint(template).startswith(
         "The first TODO still on the skeleton's code is TODO(1.1): the mask.")
@@ -253,7 +260,7 @@ def test_the_reach_audit_names_a_cutlass_kernel_compiled_into_the_object(tmp_pat
     assert len(mangled) == 3
     stubs = "".join(f"\nvoid __device_stub__{m[1:]}() {{}}" for m in mangled)   # as nvcc names it
     obj = compile_object(tmp_path, KERNELS + stubs)
-    kernels = reach.defined_kernels(obj)
+    kernels = object_file.defined_kernels(obj)
     assert sorted(k.split("<")[0] for k in kernels) == \
         ["void attention_kernel1", "void attention_kernel2", "void cutlass::device_kernel"]
     flagged = {f.what.split("<")[0] for f in reach.library_kernels(obj)}

@@ -1,6 +1,6 @@
 """The subject: the only process that imports a submission. It runs what it is told and reports.
 
-    python grader/subject/loop.py --setup JSON          (started by grader/harness.py)
+    python grader/subject/loop.py --setup JSON          (started by grader/trusted/harness.py)
     python grader/subject/loop.py --check-load TARGET_JSON   (the build stage's import check)
 
 The harness starts it with two pipes and four shared buffers (Q, K, V, O) as inherited file
@@ -30,232 +30,21 @@ own clock, reads O itself, and treats every reply as a claim: this process decid
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import os
-import re
 import sys
 import time
-import traceback
-from pathlib import Path
 
 import torch
 
-from grader.procs import read_line
-from grader.shared_memory import map_buffer
-
-ENTRY_POINT = "flash_attention_forward"   # CUDA submissions (CS149)
-PY_ENTRY_POINT = "custom_kernel"          # Python submissions (GPU MODE)
-
-
-class LoadError(Exception):
-    """The submission could not be loaded: the message is for the student."""
-
-
-# TileLang without a GPU (issue 15). TileLang has no CPU interpreter, so off the GPU its kernels
-# are lowered and compiled by nvcc for the course GPU (config.DEFAULT_CUDA_ARCH), exactly as
-# tilelang.jit does there, and then not launched: the call ends with a "not_run" reply naming what
-# was compiled. The harness takes that claim only where there is no GPU, and nothing is graded.
-TILELANG_TARGET_ENV = "TILELANG_DEFAULT_TARGET"
-# TileLang's disk cache holds shared libraries it loads into this process, in a folder this
-# process can write to: off, so that TileLang loads only what it has just compiled itself.
-TILELANG_NO_DISK_CACHE = {"TILELANG_DISABLE_CACHE": "1"}
-
-
-class NotRunHere(BaseException):
-    """A compiled TileLang kernel was about to launch with no GPU to run it. A BaseException,
-    so that a submission's `except Exception:` does not turn it into a fallback."""
-
-
-def tilelang_without_gpu() -> str:
-    """Every TileLang kernel launch (JITKernel.__call__, eager and lazy mode alike) raises
-    NotRunHere with the kernel's name: by then TileLang has lowered it and nvcc compiled it.
-    Returns the nvcc TileLang compiles with, or '' when it has none."""
-    from tilelang import env
-    from tilelang.jit.kernel import JITKernel
-
-    def launch(kernel, *args, **kwargs):
-        try:
-            names = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(",
-                               kernel.get_kernel_source())
-        except Exception:   # the name is a courtesy; the compile already happened
-            names = []
-        raise NotRunHere(", ".join(dict.fromkeys(names)) or "the kernel")
-
-    JITKernel.__call__ = launch
-    nvcc = os.path.join(env.CUDA_HOME or "/nonexistent", "bin", "nvcc")
-    return nvcc if os.access(nvcc, os.X_OK) else ""
-
-
-def without_cudnn_attention() -> None:
-    """A student's subject has no cuDNN engine (grader/sandbox.py, hide_libraries): SDPA is told
-    so, and picks one of PyTorch's own kernels instead of failing inside cuDNN (which it did on
-    an H100, "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED", session 19). A submission that calls SDPA
-    then launches a library kernel, and is flagged for that, as it always was; one that turns
-    cuDNN back on only gets the failure. A default, not a defence: the engines are absent."""
-    try:
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    except AttributeError:   # a torch without cuDNN attention
-        pass
-
-
-def load_extension(path: str, name: str):
-    loader = importlib.machinery.ExtensionFileLoader(name, path)
-    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-    if spec is None:
-        raise LoadError(f"cannot load the built extension {path}")
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    fn = getattr(module, ENTRY_POINT, None)
-    if fn is None:
-        raise LoadError(f"the extension does not export {ENTRY_POINT}")
-    return fn
-
-
-class SourceOnly(importlib.machinery.SourceFileLoader):
-    """Compiles the source file the grader audited (grader/reach.py), never a bytecode cache
-    beside it: a __pycache__ shipped in the folder could hold other code than its source."""
-
-    def get_code(self, fullname):
-        path = self.get_filename(fullname)
-        return self.source_to_code(self.get_data(path), path)
-
-
-def source_only_imports(folder: Path) -> None:
-    """Imports from the submission's folder load .py sources only: no extension module (.so) and
-    no bytecode (.pyc) there can stand in for code the grader did not read."""
-    def hook(path: str):
-        resolved = Path(path or ".").resolve()
-        if resolved == folder or folder in resolved.parents:
-            return importlib.machinery.FileFinder(
-                path, (SourceOnly, importlib.machinery.SOURCE_SUFFIXES))
-        raise ImportError("not the submission's folder")
-    sys.path_hooks.insert(0, hook)
-    sys.path_importer_cache.clear()
-
-
-def load_python(source: str):
-    source_path = Path(source).resolve()
-    source_only_imports(source_path.parent)
-    sys.path.insert(0, str(source_path.parent))
-    spec = importlib.util.spec_from_file_location("submission", str(source_path),
-                                                  loader=SourceOnly("submission", str(source_path)))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["submission"] = module
-    spec.loader.exec_module(module)
-    kernel = getattr(module, PY_ENTRY_POINT, None)
-    if kernel is None:
-        raise LoadError(f"{source_path.name} does not define {PY_ENTRY_POINT}(data); the grader "
-                        f"calls {PY_ENTRY_POINT}((Q, K, V)) and expects O back.")
-    if not callable(kernel):
-        raise LoadError(f"{PY_ENTRY_POINT} in {source_path.name} is not a function.")
-    return lambda q, k, v: kernel((q, k, v))
-
-
-def load_builtin(name: str):
-    path = Path(__file__).with_name("baselines.py")
-    spec = importlib.util.spec_from_file_location("_grader_baselines", str(path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FUNCTIONS[name]
-
-
-def load(target: dict):
-    if target["kind"] == "cuda":
-        return load_extension(target["artifact"], target["module_name"])
-    if target["kind"] == "python":
-        return load_python(target["source"])
-    return load_builtin(target["name"])
-
-
-def submission_folder(target: dict) -> Path | None:
-    """The folder whose files are the student's own code, where a traceback keeps its frames
-    (student_traceback); None for the grader's baselines, whose tracebacks go to instructors
-    whole. A CUDA submission has no Python of its own: its errors keep no frame at all."""
-    if target.get("kind") == "python":
-        return Path(target["source"]).resolve().parent
-    if target.get("kind") == "cuda":
-        return Path(target["artifact"]).resolve().parent
-    return None
-
-
-# What marks the line where the error was raised. It names the error in words because the build
-# stage keeps an import check's output only around lines that do (build.relevant_log): a
-# SyntaxError's source line and caret follow its "File" line.
-RAISED_HERE = "  <- the error is here"
-GRADER_CODE = Path(__file__).resolve().parents[1]   # grader/: never the student's code
-
-
-def student_traceback(e: BaseException, folder: Path, frames: int = 30) -> str:
-    """`e` as Python prints it (its chain, a SyntaxError's source line and caret), keeping only
-    the frames of files in `folder`, the submission's, each named by its path there
-    ("submission.py", "utils/tiles.py"): the student's own code, never the grader's (this file,
-    importlib's frames) or a library's. At most the innermost `frames` frames of each exception;
-    the line where the last one was raised is marked (RAISED_HERE)."""
-    te = traceback.TracebackException.from_exception(e)
-    for part in _chain(te):
-        part.stack = traceback.StackSummary.from_list(
-            [f for f in part.stack if _in_folder(f, folder)][-frames:])
-        if part.exc_type is not None and issubclass(part.exc_type, SyntaxError):
-            part.filename = _relative(part.filename, folder) or part.filename
-    text = "".join(te.format())
-    if isinstance(e, SyntaxError) and te.lineno is not None:
-        place = f"{te.filename or '<string>'}, line {te.lineno}"
-        if te.msg and text.endswith(f": {te.msg}\n"):   # the line a verdict quotes: as str(e)
-            text = f"{text[:-1]} ({place})\n"
-        raised = f'  File "{te.filename or "<string>"}", line {te.lineno}\n'
-    elif te.stack:
-        f = te.stack[-1]
-        raised = f'  File "{f.filename}", line {f.lineno}, in {f.name}\n'
-    else:   # none of the student's code on the way (a CUDA extension's error): the error alone
-        return text
-    at = text.rfind(raised)
-    return text if at < 0 else f"{text[:at]}{raised[:-1]}{RAISED_HERE}\n{text[at + len(raised):]}"
-
-
-def _chain(te: traceback.TracebackException):
-    """`te` and every exception printed with it: its cause, its context, a group's members."""
-    seen, todo = set(), [te]
-    while todo:
-        part = todo.pop()
-        if id(part) in seen:
-            continue
-        seen.add(id(part))
-        yield part
-        todo += [p for p in (part.__cause__, part.__context__) if p is not None]
-        todo += getattr(part, "exceptions", None) or []
-
-
-def _relative(filename: str | None, folder: Path) -> str:
-    """`filename`'s path in `folder` ('' when it is elsewhere, or no file at all: '<string>',
-    '<frozen importlib._bootstrap>')."""
-    if not filename or not os.path.isabs(filename):
-        return ""
-    try:   # any name a code object was compiled with: a loop of links, a NUL
-        path = Path(filename).resolve()
-    except (OSError, RuntimeError, ValueError):
-        return ""
-    if path.is_relative_to(GRADER_CODE) or not path.is_relative_to(folder):
-        return ""
-    return str(path.relative_to(folder))
-
-
-def _in_folder(frame: traceback.FrameSummary, folder: Path) -> bool:
-    """Whether `frame` is in the submission's code; it is then named by its path there (its
-    source line was read when the exception was captured)."""
-    where = _relative(frame.filename, folder)
-    if where:
-        frame.filename = where
-    return bool(where)
-
-
-def _error(e: BaseException, folder: Path | None) -> dict:
-    """What the harness is told of an error: its type, its message and its traceback, which for
-    a submission holds the student's own frames only (student_traceback)."""
-    text = (student_traceback(e, folder) if folder is not None
-            else traceback.format_exc(limit=8))
-    return dict(error=type(e).__name__, message=str(e)[:4000], traceback=text[-6000:])
+from grader.protocol.lines import read_line
+from grader.protocol.buffers import map_buffer
+# Its sibling modules by their full names: this file runs as a script, not as grader.subject.loop.
+from grader.subject.libraries import (TILELANG_NO_DISK_CACHE, TILELANG_TARGET_ENV, NotRunHere, _arch,
+                                      _mentions_tilelang, tilelang_without_gpu,
+                                      without_cudnn_attention)
+from grader.subject.load import PY_ENTRY_POINT, LoadError, load, submission_folder
+from grader.subject.tracebacks import _error, student_traceback
 
 
 def launched_names(prof, device: str) -> list[list]:
@@ -475,21 +264,6 @@ class Subject:
                 self.reply(dict(record, n=n))
 
 
-def _mentions_tilelang(source: str) -> bool:
-    try:
-        return any("tilelang" in path.read_text(errors="replace")
-                   for path in Path(source).parent.glob("*.py"))
-    except OSError:
-        return False
-
-
-def _arch(target: str) -> str:
-    try:
-        return json.loads(target).get("arch", "the course GPU")
-    except (ValueError, AttributeError):
-        return "the course GPU"
-
-
 def _elapsed_ms(events: list) -> float | None:
     """The events' interval, or None when there are none or the work is not finished (a call
     that returned early): a diagnostic must never turn into the call's error."""
@@ -508,7 +282,7 @@ def describe(out, shape: tuple[int, ...]) -> dict:
 
 
 def prepare(subject: Subject) -> None:
-    """A subject started before its turn (issue 13: pipeline.Lookahead). Before any submission
+    """A subject started before its turn (issue 13: lookahead.Lookahead). Before any submission
     code is loaded: start the profiler once with nothing to see (its first start in a process
     costs seconds, CUPTI's: 5.5 s on an H100, bench/run_stage_probe.json), say "prepared", and
     wait, blocked and not polling, for "load", and say "loading" (the harness then knows that a
@@ -552,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     if setup["target"].get("kind") in ("cuda", "python"):
         without_cudnn_attention()
     if setup["device"] != "cuda":
-        from grader import config
+        from grader.common import config
         os.environ[TILELANG_TARGET_ENV] = json.dumps(
             {"kind": "cuda", "arch": f"sm_{config.DEFAULT_CUDA_ARCH}"})
         if setup["target"].get("kind") == "python" and _mentions_tilelang(setup["target"]["source"]):

@@ -3,7 +3,7 @@ string as Python. torch.utils.benchmark's Timer compiles its `stmt` and runs it 
 the string finds the subject's loop, renames every library kernel in its report after this
 file's own Triton kernel, and replaces custom_kernel with PyTorch's attention. A list of
 forbidden names never sees inside the string: the held-out round of 2026-11-26 ranked a file
-like this first at cuDNN's speed. The allowlist (grader/allowlist.py) does not know
+like this first at cuDNN's speed. The allowlist (grader/trusted/audit/allowlist.py) does not know
 torch.utils.benchmark, so the file is graded but sent to review: never ranked on its own word."""
 import torch.utils.benchmark as benchmark
 import triton

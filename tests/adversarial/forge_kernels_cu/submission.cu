@@ -1,7 +1,7 @@
 // Adversarial, issue 10 (forged evidence, from C++): PyTorch's attention through ATen, and the
 // subject's report of what ran rewritten through the Python C API, so that every library kernel
 // carries this file's kernel's name. Nothing on the source scan's list; the object file's imports
-// show both ways in (grader/reach.py): flagged before anything of it runs. Without a GPU it is
+// show both ways in (grader/trusted/audit/reach.py): flagged before anything of it runs. Without a GPU it is
 // compile-checked, and the same audit of the same object flags it.
 #include <torch/extension.h>
 #include <Python.h>

@@ -10,11 +10,11 @@ thread holding the GIL, with sys.setswitchinterval raised, pauses the loop the s
 defence under test mattered.)
 
 Defence: the harness waits for nothing from the subject outside a timed call's clock
-(grader/harness.py, Call.run): it starts the clock and writes "go" whether or not "arm" was taken
+(grader/trusted/harness.py, Call.run): it starts the clock and writes "go" whether or not "arm" was taken
 up, so the pause lands inside the next call's clock, less what hides behind the harness's own
 work between calls (reading and checking O, new inputs), which keeps the GPU busy anyway. It is
 right, so it must pass, or be flagged where what is left of the pause in the clock is more than
-the accounting allows (GPU time unaccounted for: grader/integrity.py); either way its median must
+the accounting allows (GPU time unaccounted for: grader/trusted/integrity.py); either way its median must
 not beat honest_py's by more than 2% (expected.json's not_faster_than)."""
 import time
 

@@ -8,7 +8,7 @@ Why a loop and not time.sleep: the Python audit allows what a kernel wrapper nee
 allowlist.py), and `time` is not on it, so a sleep would be sent to review before the timing
 mattered. Both leave the GPU idle for the same reason: the host has not launched the work yet.
 
-Defence (grader/integrity.py, _accounting): the time no kernel the profiler saw explains is told
+Defence (grader/trusted/integrity.py, _accounting): the time no kernel the profiler saw explains is told
 apart by NVML's utilization samples, read by the harness during the timed loop, never by the
 subject: the submission's processes kept the GPU busy only for its kernels, and no other process
 used it, so the rest is host time, and ranks. The same time with the GPU busy beyond the kernels

@@ -23,7 +23,7 @@ def _secrets(limit: int = 300_000) -> list[str]:
             for f in files:
                 path = Path(root) / f
                 if path.parent == HERE or "/grader/" in str(path):
-                    continue   # its own folder; the grader's code (grader/submission.py)
+                    continue   # its own folder; the grader's code (grader/course/submission.py)
                 if (f in ("hidden.txt", "_run.json") or f in ("submission.cu", "submission.py")
                         or (f.endswith(".json") and path.parent.name == "results")):
                     found.append(str(path))

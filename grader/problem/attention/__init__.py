@@ -1,0 +1,1 @@
+"""Attention forward (the course's problem). Imported only through grader.problem."""

@@ -1,0 +1,145 @@
+"""Time stage: the largest case timed by the harness (time_target: TimedRun, or the failure's
+status and message), and the protocol's own cost, calibrated once per run on subjects that run
+no submission (calibrate_protocol)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from grader.common import config
+from grader.course.verdicts import BuildResult
+from grader.problem import Case, largest
+from grader.isolation.device import DeviceInfo
+from grader.isolation.procs import (Cancelled, stopping)
+from grader.course.results import write_json_atomic
+from grader.common.status import Status
+from grader.course.submission import Submission
+from grader.course.verdicts import ProtocolCost, TimingStats
+from grader.stages.ahead import early
+from grader.stages.context import GradeContext
+from grader.stages.folders import scratch, subject_folders, target_of, save_log, save_calls
+from grader.stages.harnesses import harness_spec, run_harness, Stages, TimeSubject, harness_said
+from grader.stages.health import ensure_gpu_healthy
+from grader.stages.context import health_checks_of
+
+
+def time_subject(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case, work: Path,
+                 jit: Path | None) -> TimeSubject:
+    """`sub`'s TimeSubject, begun now: its record goes to work/time.json."""
+    fields = time_fields(timed, ctx, work)
+    del fields["result"]   # harness_spec's: work/time.json
+    spec, spec_path = harness_spec("time", target_of(sub, build), ctx, work, folder=subject_folders(sub, build),
+                                   jit=jit, prepare=True, **fields)
+    return TimeSubject(spec, spec_path, env=ctx.env, cpus=ctx.cpus, health_checks=health_checks_of(ctx))
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedRun:
+    stats: TimingStats
+    record: dict      # what the harness saw: verification, spot checks, GPU processes
+
+
+def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
+    """What the harness's time stage needs beyond the spec's common fields."""
+    return dict(case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
+                coarse_ms=coarse_ms(case, ctx.device), protocol=ctx.protocol.to_dict(),
+                precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]),
+                deadline_s=ctx.limits.time_s, result=str(work / "time.json"))
+
+
+def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Path],
+                log_name: str | None = None, jit: Path | None = None,
+                stages: Stages | None = None,
+                timer: "TimeSubject | None" = None) -> TimedRun | tuple[Status, str]:
+    """Timing statistics of one case, measured by the harness (on the run stage's subject when
+    `stages` are given, on `timer`'s prepared one, else on a new one); or (status, message) if
+    the subject failed while being timed."""
+    record = None
+    if stages is not None:
+        record, output = stages.time()
+    elif timer is not None:
+        record, output = timer.time()
+        if record is None:   # it gave up before loading anything (time_stage.time_prepared)
+            if stopping():
+                raise Cancelled("the run is stopping: a prepared time stage was stopped")
+            ctx.progress.note(f"{log_name or target}: its time stage's prepared subject did not "
+                              f"start; timing on a new one" + harness_said(output))
+    if record is None and stages is None:
+        with tempfile.TemporaryDirectory(prefix="time-", dir=scratch()) as tmp:
+            fields = time_fields(case, ctx, Path(tmp))
+            del fields["result"]
+            record, output = run_harness("time", target, ctx, Path(tmp), folder=folder, jit=jit,
+                                         **fields)
+    if log_name:
+        save_log(ctx, log_name, "time", output)
+        if record is not None and isinstance(record.get("times_ms"), list):
+            save_calls(ctx, log_name, record)
+    if record is None:
+        ensure_gpu_healthy(ctx)
+        return Status.RUNTIME_ERROR, f"grader error: the timing harness failed; tell the instructor\n{output[-2000:]}"
+    if "failed" in record:
+        ensure_gpu_healthy(ctx)
+        failed = record["failed"]
+        return Status(failed["status"]), failed["message"]
+    return TimedRun(TimingStats.from_dict(record["stats"]), record)
+
+
+def coarse_ms(case: Case, device: DeviceInfo) -> float | None:
+    """The median above which a call is timed coarsely (config.TIMING_COARSE_FRACTION of the
+    GPU's measured matmul peak); None where the peak is unknown."""
+    if not device.matmul_tflops:
+        return None
+    return case.flops / (device.matmul_tflops * 1e12 * config.TIMING_COARSE_FRACTION) * 1e3
+
+
+PROTOCOL_FILE = "_protocol.json"   # the run's ProtocolCost, for the rows a resumed run keeps
+
+
+def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCost:
+    """The protocol's own cost per timed call on the largest case, measured once per run by the
+    harness on subjects that run no submission (grader/trusted/harness.py calibrate); zero without a GPU
+    or if it failed (then times include it, for every row alike). With `reuse` (a resumed run
+    that keeps results timed earlier), the cost those were corrected with is used again if it was
+    measured on this GPU for this case: every row of one run has the same cost subtracted."""
+    if not ctx.device.cuda:
+        return ProtocolCost()
+    # One file per GPU: the first GPU's where it always was, another's beside it.
+    saved = ctx.out_dir / (f"_protocol.{ctx.gpu_tag}.json" if ctx.gpu_tag else PROTOCOL_FILE)
+    where = dict(device=ctx.device.name, uuid=ctx.device.uuid or None,
+                 case=largest(list(ctx.cases)).id)
+    if reuse:
+        try:
+            earlier = json.loads(saved.read_text())
+            was, now = dict(earlier.get("where") or {}), dict(where)
+            if None in (was.get("uuid"), now["uuid"]):   # written before GPUs had UUIDs here
+                was["uuid"] = now["uuid"] = None
+            if was == now:
+                cost = ProtocolCost.from_dict(earlier.get("cost"))
+                ctx.progress.note(f"protocol cost of the results kept from the earlier run "
+                                  f"reused: {cost.idle_ms:.3f} / {cost.busy_ms:.3f} ms")
+                return cost
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+    cost = _measure_protocol(ctx)
+    write_json_atomic(saved, dict(where=where, cost=cost.to_dict()))
+    return cost
+
+
+def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
+    early().settle()
+    with tempfile.TemporaryDirectory(prefix="calibrate-", dir=scratch()) as tmp:
+        record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
+                                     folder=[], deadline_s=ctx.limits.time_s,
+                                     case=largest(list(ctx.cases)).to_dict(),
+                                     l2_bytes=ctx.device.l2_bytes)
+    if record is None or "protocol" not in record:
+        ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")
+        return ProtocolCost()
+    cost = ProtocolCost.from_dict(record["protocol"])
+    ctx.progress.note(f"protocol calibrated: {cost.idle_ms:.3f} ms per call without GPU work, "
+                      f"{cost.busy_ms:.3f} ms around {cost.busy_work_ms:.1f} ms of attention kernels "
+                      f"(round trip {record['rtt_ms']:.3f} ms, GPU context switches, output copy), "
+                      f"subtracted from every timed call; {ctx.cpus.describe()}")
+    return cost

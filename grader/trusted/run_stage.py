@@ -1,0 +1,155 @@
+"""The run stage: every case called once under the profiler, on inputs this process wrote, its
+output O read here and saved for the checker; each reply checked into the case's record
+(call_record, output_problem), a death pinned to its case, and where the stage's time went
+(phases)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+import torch
+from grader.problem import Case
+from grader.problem import make_inputs
+from grader.course.results import RUN_PHASES
+from grader.protocol.buffers import SharedBuffer
+from grader.common.text import clean
+from grader.trusted.replies import (SubjectGone, malformed, number, launched, returned_description,
+                                    memory_bytes, _error_text)
+from grader.trusted.link import Link, synchronize, allocate
+from grader.trusted.subject_start import start, start_prepared, _gone_record
+from grader.trusted.timed_calls import _perf_counter
+
+
+def run_cases(spec: dict) -> dict:
+    """Each case once, profiled; O saved to <out_dir>/<case>.pt for the checker."""
+    link, buffers, records, phases = _run_all(spec)
+    link.close()
+    return dict(cases=records, output=link.output(), phases_s=phases)
+
+
+def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict], dict]:
+    """The subject started on buffers for the largest case and every case run once: its link
+    (still open), the buffers, a record per case and where the time went (RUN_PHASES)."""
+    device, out_dir = spec["device"], Path(spec["out_dir"])
+    cases = [Case.from_dict(c) for c in spec["cases"]]
+    ends = [("harness", time.monotonic())]
+    deadline = time.monotonic() + spec["deadline_s"]
+    buffers = allocate(device, max(c.numel for c in cases))
+    synchronize(device)
+    ends.append(("buffers", time.monotonic()))
+    if spec.get("prepare"):
+        link, failed, deadline = start_prepared(spec, buffers, ends)
+        ends.append(("load", time.monotonic()))
+    else:
+        link, failed = start(spec, buffers, deadline)
+        ends.append(("subject", time.monotonic()))
+    records: dict[str, dict] = {}
+    rest = None   # the record of every case after one that ended the process
+    try:
+        for case in cases:
+            if rest is not None:
+                records[case.id] = rest
+            elif failed is not None:   # it did not load: the first case says why
+                records[case.id] = failed
+                rest = dict(status="runtime_error", message="not run: the submission did not load")
+            else:
+                records[case.id], rest = run_one(link, case, buffers, out_dir, device, deadline, spec)
+    except BaseException:
+        link.close()
+        raise
+    ends.append(("cases", time.monotonic()))
+    return link, buffers, records, phases(spec.get("spawned"), ends)
+
+
+def phases(start: float | None, ends: list[tuple[str, float]],
+           names: tuple[str, ...] = RUN_PHASES) -> dict[str, float]:
+    """Seconds of each phase (results.RUN_PHASES, or `names`), from (phase, monotonic time it
+    ended) in order, each beginning where the one before ended and the first at `start`: the
+    spec's "spawned", the pipeline's CLOCK_MONOTONIC time on handing this process its spec (one
+    clock machine-wide), or None when unknown, and then that phase is left out."""
+    out = {}
+    for name, end in ends:
+        assert name in names, name
+        if start is not None:
+            out[name] = round(end - start, 3)
+        start = end
+    return out
+
+
+def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadline: float,
+            spec: dict) -> tuple[dict, dict | None]:
+    """(record of this case, record for the cases after it if none of them can run)."""
+    q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
+    for dst, src in zip((q, k, v), make_inputs(case, device)):
+        dst.copy_(src)
+    o.fill_(float("nan"))
+    synchronize(device)
+    start_s = _perf_counter()
+    case_s = spec.get("case_limits", {}).get(case.id)   # on a GPU: from the case's size
+    limit = ""
+    if case_s is not None and time.monotonic() + case_s < deadline:
+        deadline = time.monotonic() + case_s
+        limit = f"{case_s:.0f} s, the limit for a case of this size"
+    try:
+        reply = link.receive(deadline, expect=link.send(dict(op="call", shape=list(case.shape),
+                                                             profile=True)))
+        elapsed = _perf_counter() - start_s
+        record = call_record(reply, device, elapsed)
+    except SubjectGone as gone:
+        record = _gone_record(gone, link, spec, loading=False, limit=limit)
+        why = ("the subject broke the protocol" if gone.message.startswith("the subject broke")
+               else "the process ended")
+        return record, dict(status="runtime_error", message=f"not run: {why} during case {case.id}")
+    if record["status"] != "pass":
+        if record.pop("context_lost", False):
+            return record, dict(status="runtime_error",
+                                message=f"not run: the CUDA context was lost in case {case.id}")
+        return record, None
+    problem = output_problem(record.pop("returned"), case)
+    if problem:
+        record["problem"] = problem
+    else:
+        # A copy of its own (a CUDA tensor's copy to the host already is one; a CPU view of the
+        # shared buffer would save the whole buffer).
+        saved = o.detach().cpu() if o.is_cuda else o.detach().clone()
+        torch.save(saved, out_dir / f"{case.id}.pt")
+    return record, None
+
+
+def call_record(reply: dict, device: str, elapsed: float) -> dict:
+    """A "call" reply, checked (every field read: "what the subject reports, checked"), as this
+    case's record: "pass" with what it launched and what it returned (for output_problem), or
+    the error it raised ("context_lost" when its CUDA context is gone), or not_run."""
+    event, window_ms = reply.get("event"), elapsed * 1e3
+    if event == "not_run":   # TileLang compiled, with no GPU to launch on (subject/loop.py)
+        if device == "cuda":
+            return dict(status="runtime_error", message="the subject claimed there is no GPU to "
+                        "run on, on a GPU")
+        return dict(status="not_run", message=clean(reply.get("message"), 1000),
+                    launched=launched(reply.get("launched"), "launched", window_ms))
+    if event == "error":
+        if not isinstance(reply.get("context_alive"), bool):
+            raise malformed("context_alive", reply.get("context_alive"), "not true or false")
+        return dict(status="runtime_error", message=_error_text(reply),
+                    context_lost=not reply["context_alive"])
+    if event != "done":
+        raise malformed("event", event, "not done, error or not_run")
+    return dict(status="pass", message="", elapsed_s=elapsed,
+                launched=launched(reply.get("launched"), "launched", window_ms),
+                peak_memory_bytes=number(reply.get("peak_memory_bytes"), "peak_memory_bytes",
+                                         high=memory_bytes(device), integer=True,
+                                         unit=" bytes, the device's memory"),
+                returned=returned_description(reply.get("returned")))
+
+
+def output_problem(returned: dict, case: Case) -> str:
+    """Why what the call returned cannot be O, from the subject's description; '' if it can."""
+    if returned.get("type") != "Tensor":
+        return (f"returned {clean(returned.get('type'), 80)}, expected a torch.Tensor of shape "
+                f"{tuple(case.shape)}")
+    shape = tuple(returned.get("shape") or ())
+    if shape != tuple(case.shape):
+        return f"output has shape {shape}, expected {tuple(case.shape)} (batch, heads, seq, head_dim)"
+    if returned.get("dtype") != "float16":
+        return f"output dtype is torch.{clean(returned.get('dtype'), 40)}, expected torch.float16"
+    return ""
