@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grader.trusted.audit.reach import STUDENT_OBJECT
 from grader.trusted.audit.includes import HEADERS_RECORD, HEADERS_SCHEMA
+from grader.trusted.audit.reach import STUDENT_OBJECT
 
 
 # Where nvcc writes its dependency list in a compile check (-MD -MF); the extension's build has

@@ -38,22 +38,22 @@ import sys
 import time
 from pathlib import Path
 
-from grader.common import config
 from grader.build.cache import BuildCache, empty_folder
-from grader.isolation.device import DeviceInfo
-from grader.isolation.procs import ProcResult, child_env, run_limited
-from grader.isolation.cpus import split_cpus
-from grader.isolation.quota import QUOTA
-from grader.isolation.sandbox import Sandbox, give_to_sandbox
-from grader.common.status import Status
-from grader.course.submission import Kind, Submission
-from grader.course.verdicts import BuildResult
-from grader.trusted.audit.reach import STUDENT_OBJECT
-from grader.trusted.audit.includes import HEADERS_RECORD
 from grader.build.inputs import build_inputs, cuda_mode
 from grader.build.log import _first_error, environment_problem, relevant_log
 from grader.build.messages import NOT_YOURS, StudentCheck, machine_words, slow_build_message
 from grader.build.watch import BuildWatch
+from grader.common import config
+from grader.common.status import Status
+from grader.course.submission import Kind, Submission
+from grader.course.verdicts import BuildResult
+from grader.isolation.cpus import split_cpus
+from grader.isolation.device import DeviceInfo
+from grader.isolation.procs import ProcResult, child_env, run_limited
+from grader.isolation.quota import QUOTA
+from grader.isolation.sandbox import Sandbox, give_to_sandbox
+from grader.trusted.audit.includes import HEADERS_RECORD
+from grader.trusted.audit.reach import STUDENT_OBJECT
 
 
 def build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,

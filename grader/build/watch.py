@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from grader.common import config
-from grader.isolation.tree import process_tree
-from grader.course.submission import Kind, Submission
 from grader.build.messages import StudentCheck, progress_line
+from grader.common import config
+from grader.course.submission import Kind, Submission
+from grader.isolation.tree import process_tree
 
 
 # What a student's check shows while it compiles. nvcc prints nothing until it ends, and the

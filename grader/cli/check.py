@@ -10,15 +10,15 @@ import re
 import sys
 from pathlib import Path
 
-from grader.common import config
-from grader.executors import slurm
 from grader.build.flags import PTXAS_VERBOSE_ENV
-from grader.course.verdicts import BuildResult
-from grader.report.feedback import feedback_text
-from grader.course.results import RunFileError, read_results, read_run
-from grader.common.status import Status
-from grader.course.submission import CUDA_FILE, PYTHON_FILE, Kind, inspect_folder
 from grader.cli.grade import _grade
+from grader.common import config
+from grader.common.status import Status
+from grader.course.results import RunFileError, read_results, read_run
+from grader.course.submission import CUDA_FILE, PYTHON_FILE, Kind, inspect_folder
+from grader.course.verdicts import BuildResult
+from grader.executors import slurm
+from grader.report.feedback import feedback_text
 
 
 def build_summary(build: BuildResult | None, device: dict, log: Path, *, verbose: bool) -> str:

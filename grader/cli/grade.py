@@ -8,24 +8,22 @@ import sys
 import time
 from pathlib import Path
 
-from grader.common import config
-from grader.executors import slurm
-from grader.problem import BASELINES
 from grader.build.cache import FOLDER as CACHE_FOLDER, BuildCache
-from grader.problem import CaseFileError, largest, load_all_cases, load_cases, with_cases
-from grader.isolation.device import GpuSelectionError, detect_gpus, parse_gpus
+from grader.common import config
 from grader.course.intake import DropError, open_drop
 from grader.course.locks import RunLock
-from grader.schedule.workers import grade_all
-from grader.stages.context import GpuUnhealthy, gpu_records, grading_context, now
 from grader.course.policy import POLICY_FILE, PolicyError, load_policy, missing_baselines
-from grader.report.progress import Progress
-from grader.report.pages import terminal_table, write_reports
 from grader.course.results import read_results
 from grader.course.runs import LockHeld, RunJournal, RunSession, check_only, previous_run_note
-from grader.isolation.sandbox import Sandbox, SandboxUnavailable, default_layout
 from grader.course.submission import Role, inspect_folder
-from grader.report.pages import where_reports_are
+from grader.executors import slurm
+from grader.isolation.device import GpuSelectionError, detect_gpus, parse_gpus
+from grader.isolation.sandbox import Sandbox, SandboxUnavailable, default_layout
+from grader.problem import BASELINES, CaseFileError, largest, load_all_cases, load_cases, with_cases
+from grader.report.pages import terminal_table, where_reports_are, write_reports
+from grader.report.progress import Progress
+from grader.schedule.workers import grade_all
+from grader.stages.context import GpuUnhealthy, gpu_records, grading_context, now
 
 
 def _load_policy(args):

@@ -12,9 +12,9 @@ import tomllib
 from pathlib import Path
 
 from grader.common import config
-from grader.course.results import SubmissionResult
 from grader.common.status import Status
 from grader.common.text import read_utf8
+from grader.course.results import SubmissionResult
 
 POLICY_FILE = config.REPO_ROOT / "grading.toml"
 

@@ -10,10 +10,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from grader.course.verdicts import BuildResult
-from grader.course.verdicts import CaseResult
 from grader.common.status import Status
-from grader.course.verdicts import TimingStats
+from grader.course.verdicts import BuildResult, CaseResult, TimingStats
 
 SCHEMA_VERSION = 1
 RUN_FILE = "_run.json"      # the run's device, cases, limits, roster and progress (report.RUN_FILE)

@@ -39,11 +39,10 @@ import stat
 import textwrap
 from pathlib import Path
 
-from grader.course.results import SubmissionResult, write_json_atomic
-from grader.course.submission import folder_digest
 from grader.common.status import Status
-from grader.course.submission import FILE_MARK, read_sources, split_sources
 from grader.common.text import clean
+from grader.course.results import SubmissionResult, write_json_atomic
+from grader.course.submission import FILE_MARK, folder_digest, read_sources, split_sources
 
 DECISIONS_FILE = "_review.json"     # in the results folder: every decision, in the order made
 LOCK_FILE = ".review.lock"          # serialises two `review` commands writing at once

@@ -8,13 +8,13 @@ import subprocess
 import time
 from pathlib import Path
 
-from grader.report.progress import Progress
 from grader.course.results import ResultUnreadable, load_result, path_for
-from grader.problem import BASELINES
 from grader.course.runs import RunJournal
 from grader.course.submission import Role
 from grader.executors.slurm_jobs import POLL_S, TaskView, log_tail, queue_states, update
 from grader.executors.slurm_tasks import WorkerSpec
+from grader.problem import BASELINES
+from grader.report.progress import Progress
 
 
 STOP_WAIT_S = 120           # after a cancel: how long the head waits for the tasks to stop

@@ -13,16 +13,16 @@ import sys
 from pathlib import Path
 
 from grader.common import config
-from grader.problem import load_all_cases
-from grader.isolation.device import DeviceInfo, detect_gpus
-from grader.schedule.workers import grade_all
-from grader.stages.context import GpuUnhealthy, gpu_records, grading_context, now
 from grader.course.policy import POLICY_FILE, load_policy
-from grader.report.progress import Progress
 from grader.course.results import write_json_atomic
 from grader.course.runs import LockHeld, RunJournal, RunSession, admitted
-from grader.isolation.sandbox import Sandbox, SandboxUnavailable, default_layout
 from grader.course.submission import Submission
+from grader.isolation.device import DeviceInfo, detect_gpus
+from grader.isolation.sandbox import Sandbox, SandboxUnavailable, default_layout
+from grader.problem import load_all_cases
+from grader.report.progress import Progress
+from grader.schedule.workers import grade_all
+from grader.stages.context import GpuUnhealthy, gpu_records, grading_context, now
 
 
 FOLDER = "slurm"            # in the results folder

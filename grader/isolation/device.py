@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 from grader import __version__
-
 from grader.common import config
 
 

@@ -46,12 +46,12 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grader.report.feedback import feedback_markdown, review_summary
+from grader.common.status import Status
 from grader.course.policy import Policy
-from grader.report.privacy import Redactor, unnumber
 from grader.course.results import write_json_atomic
 from grader.course.roster import Joined, Roster, join
-from grader.common.status import Status
+from grader.report.feedback import feedback_markdown, review_summary
+from grader.report.privacy import Redactor, unnumber
 from grader.report.rows import why_no_grades
 
 if TYPE_CHECKING:

@@ -4,9 +4,9 @@ an instructor (not a cheating verdict) and the lines of its own code the audit n
 
 from __future__ import annotations
 
-from grader.report.privacy import withheld_message
-from grader.course.results import SubmissionResult
 from grader.common.status import Status
+from grader.course.results import SubmissionResult
+from grader.report.privacy import withheld_message
 
 REVIEW_HEADING = "Waiting for an instructor's review"
 REVIEW_TEXT = ("Your submission passed its cases, but it uses code the grader cannot account for, "

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import re
 
-from grader.course.verdicts import BuildResult
-from grader.course.verdicts import CaseResult
 from grader.common.status import Status
+from grader.course.verdicts import BuildResult, CaseResult
 from grader.report.hints_skeleton import track
 from grader.report.hints_todos import Todo, todo_states
 

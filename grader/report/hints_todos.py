@@ -9,8 +9,8 @@ import dataclasses
 import functools
 import re
 
-from grader.report.hints_code import _cpp_lines, _python_lines, _is_python
-from grader.report.hints_skeleton import track, read_skeleton, _Slot, _skeleton_slots
+from grader.report.hints_code import _cpp_lines, _is_python, _python_lines
+from grader.report.hints_skeleton import _Slot, _skeleton_slots, read_skeleton, track
 
 
 QUOTE_CHARS = 300   # a quoted TODO: its whole text up to this length, else its first whole sentences

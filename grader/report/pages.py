@@ -18,17 +18,16 @@ from pathlib import Path
 import jinja2
 
 from grader.common import config
-from grader.report.exports import write_exports
-from grader.report.rows import why_no_grades
-from grader.report.feedback import status_detail, status_label
+from grader.common.status import Status
 from grader.course.policy import Policy, load_policy
-from grader.report.privacy import Redactor
 from grader.course.results import SubmissionResult, read_gpu_copies, read_results, write_json_atomic
 from grader.course.review import QueueEntry, folders_of, load_decisions, review_queue
 from grader.course.roster import Roster, join, load_roster
-from grader.common.status import Status
-from grader.report.exports import NotWritten
-from grader.report.rows import Row, run_gpus, baselines_by_gpu, gpu_agreement, build_rows, counts_line, reported
+from grader.report.exports import NotWritten, write_exports
+from grader.report.feedback import status_detail, status_label
+from grader.report.privacy import Redactor
+from grader.report.rows import (Row, baselines_by_gpu, build_rows, counts_line, gpu_agreement,
+                                reported, run_gpus, why_no_grades)
 
 TEMPLATES = config.REPO_ROOT / "templates"
 RUN_FILE = "_run.json"

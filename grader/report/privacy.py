@@ -32,9 +32,9 @@ import dataclasses
 import functools
 import re
 
-from grader.course.verdicts import CaseResult
-from grader.course.results import SubmissionResult
 from grader.common.status import Status
+from grader.course.results import SubmissionResult
+from grader.course.verdicts import CaseResult
 
 MASK = "[hidden]"
 _DIMS = ("batch_size", "num_heads", "seq_len", "head_dim")

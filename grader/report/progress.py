@@ -9,8 +9,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from grader.report.feedback import status_label
 from grader.common.text import headline
+from grader.report.feedback import status_label
 
 if TYPE_CHECKING:
     from grader.course.results import SubmissionResult

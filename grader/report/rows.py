@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+
+from grader.common.status import SEVERITY, Status
 from grader.course.policy import Policy, Score
-from grader.report.privacy import Redactor
 from grader.course.results import SubmissionResult
 from grader.course.review import apply_decisions, load_decisions
-from grader.common.status import SEVERITY, Status
+from grader.report.privacy import Redactor
 
 
 @dataclasses.dataclass(frozen=True)

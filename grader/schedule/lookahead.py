@@ -6,17 +6,17 @@ The stages see it only as their thread's EarlyRuns (grader/stages/turns.py).
 from __future__ import annotations
 
 import contextlib
-from grader.course.verdicts import BuildResult
-from grader.problem import Case
-from grader.schedule.gate import GpuGate
-from grader.isolation.procs import Cancelled
+
 from grader.common.status import Status
 from grader.course.submission import Submission
+from grader.course.verdicts import BuildResult
+from grader.isolation.procs import Cancelled
+from grader.problem import Case
+from grader.schedule.gate import GpuGate
 from grader.stages.ahead import EarlyRuns, early, forget_early, install_early
 from grader.stages.context import GradeContext
-from grader.stages.harnesses import drop_spares, keep_spares
 from grader.stages.early import prepare
-from grader.stages.harnesses import Prepared
+from grader.stages.harnesses import Prepared, drop_spares, keep_spares
 
 
 @contextlib.contextmanager

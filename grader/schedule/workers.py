@@ -1,6 +1,8 @@
-"""Grade submissions: build (in parallel on the CPU cores) -> run -> check -> time (on each GPU,
-run and check stages of up to config.GPU_LANES submissions at once, every time stage alone:
-grader/schedule/gate.py) -> one result file each, written the moment it is known."""
+"""A course's grading run (grade_all, CourseRun): builds in parallel on the CPU cores, then on
+each GPU a worker whose lanes take the builds as they finish and grade each submission's stages
+(grader/stages/grade.py): run and check stages of up to config.GPU_LANES submissions at once,
+every time stage alone (grader/schedule/gate.py); one result file each, written the moment it is
+known."""
 
 from __future__ import annotations
 
@@ -12,39 +14,27 @@ import time
 import traceback
 from collections import deque
 
-
-from grader.common import config
-
-
 from grader.build.stage import build_submission
-from grader.course.verdicts import BuildResult
-from grader.isolation.device import device_minor
-from grader.schedule.gate import BuildThrottle, GpuGate
-from grader.stages.turns import alone
-from grader.isolation.procs import Cancelled, cancel_all
-from grader.isolation.cpus import default_build_jobs, gpu_worker, set_gpu_workers
-from grader.report.progress import Progress
+from grader.common import config
+from grader.common.status import Status
 from grader.course.results import SubmissionResult, write_result
 from grader.course.runs import RunJournal, plan_run
-from grader.common.status import Status
 from grader.course.submission import Kind, Submission, read_sources
+from grader.course.verdicts import BuildResult
+from grader.isolation.cpus import default_build_jobs, gpu_worker, set_gpu_workers
+from grader.isolation.device import device_minor
+from grader.isolation.procs import Cancelled, cancel_all
+from grader.report.progress import Progress
+from grader.schedule.gate import BuildThrottle, GpuGate
+from grader.schedule.lookahead import keep_warm
 from grader.stages.ahead import early
+from grader.stages.baseline import grade_baseline
 from grader.stages.context import GpuUnhealthy, GradeContext, now, student_check
 from grader.stages.folders import label_of
-from grader.stages.time import calibrate_protocol
-from grader.stages.judge import source_verdict, audit_build
-from grader.stages.baseline import grade_baseline
 from grader.stages.grade import grade_submission
-from grader.schedule.lookahead import keep_warm
-
-
-# ---------------------------------------------------------------- the next submission, begun early
-
-
-# ---------------------------------------------------------------- baselines
-
-
-# ---------------------------------------------------------------- all of them
+from grader.stages.judge import audit_build, source_verdict
+from grader.stages.time import calibrate_protocol
+from grader.stages.turns import alone
 
 
 def worker_contexts(ctx: GradeContext) -> list[GradeContext]:

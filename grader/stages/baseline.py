@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from grader.problem import BASELINES
-from grader.problem import largest
-from grader.course.results import SubmissionResult
+
 from grader.common.status import Status
+from grader.course.results import SubmissionResult
+from grader.problem import BASELINES, largest
 from grader.stages.context import GradeContext, now
 from grader.stages.time import TimedRun, time_target
 

@@ -4,13 +4,14 @@ checker (grader/trusted/correctness.py): a CaseResult per case."""
 from __future__ import annotations
 
 from pathlib import Path
-from grader.problem import Case
-from grader.trusted.correctness import check_outputs, launched_of
-from grader.course.verdicts import CaseResult
+
 from grader.common.status import Status
 from grader.course.submission import Submission
-from grader.stages.context import GradeContext
+from grader.course.verdicts import CaseResult
+from grader.problem import Case
 from grader.stages.clock import StageClock
+from grader.stages.context import GradeContext
+from grader.trusted.correctness import check_outputs, launched_of
 
 
 def check_cases(sub: Submission, cases: list[Case], runs: dict, ctx: GradeContext, work: Path,

@@ -6,19 +6,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from pathlib import Path
-from grader.common import config
-from grader.build.messages import StudentCheck
+
 from grader.build.cache import BuildCache
-from grader.problem import Case
-from grader.isolation.device import DeviceInfo
-from grader.stages.turns import Gate
-from grader.isolation.procs import child_env
-from grader.isolation.cpus import CpuSplit, split_cpus
-from grader.report.progress import Progress
+from grader.build.messages import StudentCheck
+from grader.common import config
 from grader.course.results import GpuRef
-from grader.isolation.sandbox import Sandbox
 from grader.course.submission import Submission
 from grader.course.verdicts import ProtocolCost
+from grader.isolation.cpus import CpuSplit, split_cpus
+from grader.isolation.device import DeviceInfo
+from grader.isolation.procs import child_env
+from grader.isolation.sandbox import Sandbox
+from grader.problem import Case
+from grader.report.progress import Progress
+from grader.stages.turns import Gate
 
 
 class GpuUnhealthy(RuntimeError):

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from grader.course.verdicts import BuildResult
-from grader.problem import Case
+
 from grader.common.status import Status
 from grader.course.submission import Kind, Submission
-from grader.stages.context import GradeContext
+from grader.course.verdicts import BuildResult
+from grader.problem import Case
+from grader.stages.context import GradeContext, health_checks_of
 from grader.stages.folders import jit_cache, work_folder
-from grader.stages.harnesses import Stages, TimeSubject
+from grader.stages.harnesses import Prepared, Stages, TimeSubject
+from grader.stages.run import select_cases, stages_spec
 from grader.stages.time import time_subject
-from grader.stages.run import stages_spec, select_cases
-from grader.stages.context import health_checks_of
-from grader.stages.harnesses import Prepared
 
 
 def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case) -> Prepared | None:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
+
 from grader.common import config
-from grader.course.verdicts import BuildResult
-from grader.isolation.quota import QUOTA
+from grader.common.text import clean, clean_line
 from grader.course.results import write_json_atomic
 from grader.course.runs import scratch_dir
-from grader.isolation.sandbox import give_to_sandbox
 from grader.course.submission import Kind, Role, Submission, source_text
-from grader.common.text import clean, clean_line
+from grader.course.verdicts import BuildResult
+from grader.isolation.quota import QUOTA
+from grader.isolation.sandbox import give_to_sandbox
 from grader.stages.context import GradeContext
 
 

@@ -12,14 +12,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
 from grader.common import config
-from grader.isolation.procs import run_limited, spawn_capped
-from grader.isolation.tree import end_processes, process_tree, started_at
 from grader.isolation.cpus import CpuSplit
+from grader.isolation.procs import run_limited, spawn_capped
 from grader.isolation.quota import QUOTA
-from grader.stages.turns import PerThread
+from grader.isolation.tree import end_processes, process_tree, started_at
 from grader.stages.context import GradeContext
 from grader.stages.folders import SUBJECT, jit_env
+from grader.stages.turns import PerThread
 import contextlib
 import dataclasses
 from grader.course.submission import Submission

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 import time
-from grader.isolation.procs import (run_limited)
+
+from grader.isolation.procs import run_limited
 from grader.stages.ahead import early
 from grader.stages.context import GpuUnhealthy, GradeContext
 

@@ -7,21 +7,20 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import NamedTuple
-from grader.common import config
+
 from grader.build.stage import machine_load
-from grader.course.verdicts import BuildResult
-from grader.problem import Case, largest
-from grader.course.verdicts import CaseResult
-from grader.report.feedback import cpu_note
-from grader.isolation.procs import (Cancelled, stopping)
+from grader.common import config
 from grader.common.status import Status
 from grader.course.submission import Kind, Role, Submission
+from grader.course.verdicts import BuildResult, CaseResult
+from grader.isolation.procs import Cancelled, stopping
+from grader.problem import Case, largest
+from grader.report.feedback import cpu_note
 from grader.stages.ahead import early
 from grader.stages.context import GpuUnhealthy, GradeContext
-from grader.stages.folders import subject_folders, target_of, forget_tuning
-from grader.stages.harnesses import harness_spec, Stages, run_once, NotStarted
+from grader.stages.folders import forget_tuning, subject_folders, target_of
+from grader.stages.harnesses import NotStarted, Prepared, Stages, harness_spec, run_once
 from grader.stages.time import time_fields
-from grader.stages.harnesses import Prepared
 
 
 def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,

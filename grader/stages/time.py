@@ -8,21 +8,20 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
+
 from grader.common import config
-from grader.course.verdicts import BuildResult
-from grader.problem import Case, largest
-from grader.isolation.device import DeviceInfo
-from grader.isolation.procs import (Cancelled, stopping)
-from grader.course.results import write_json_atomic
 from grader.common.status import Status
+from grader.course.results import write_json_atomic
 from grader.course.submission import Submission
-from grader.course.verdicts import ProtocolCost, TimingStats
+from grader.course.verdicts import BuildResult, ProtocolCost, TimingStats
+from grader.isolation.device import DeviceInfo
+from grader.isolation.procs import Cancelled, stopping
+from grader.problem import Case, largest
 from grader.stages.ahead import early
-from grader.stages.context import GradeContext
-from grader.stages.folders import scratch, subject_folders, target_of, save_log, save_calls
-from grader.stages.harnesses import harness_spec, run_harness, Stages, TimeSubject, harness_said
+from grader.stages.context import GradeContext, health_checks_of
+from grader.stages.folders import save_calls, save_log, scratch, subject_folders, target_of
+from grader.stages.harnesses import Stages, TimeSubject, harness_said, harness_spec, run_harness
 from grader.stages.health import ensure_gpu_healthy
-from grader.stages.context import health_checks_of
 
 
 def time_subject(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case, work: Path,

@@ -8,12 +8,11 @@ from __future__ import annotations
 import dataclasses
 import random
 import torch
+
 from grader.common import config
-from grader.problem import Case
-from grader.trusted.compare import compare_outputs
 from grader.course.verdicts import Finding
-from grader.problem import make_random_inputs
-from grader.problem import attention_plain_fp16, attention_reference
+from grader.problem import Case, attention_plain_fp16, attention_reference, make_random_inputs
+from grader.trusted.compare import compare_outputs
 
 
 def new_verify() -> dict:

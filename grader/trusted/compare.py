@@ -7,8 +7,7 @@ import dataclasses
 import torch
 
 from grader.common import config
-from grader.course.verdicts import Finding
-from grader.course.verdicts import BadElement
+from grader.course.verdicts import BadElement, Finding
 
 
 def compare_outputs(got: torch.Tensor, expected: torch.Tensor, *, rtol: float = config.RTOL,

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 from grader.common import config
-from grader.problem import Case
-from grader.course.verdicts import Finding
-from grader.isolation.procs import ProcResult, kill_group, spawn_capped
-from grader.isolation.cpus import split_cpus
 from grader.common.status import Status
-from grader.course.verdicts import CaseResult
+from grader.course.verdicts import CaseResult, Finding
+from grader.isolation.cpus import split_cpus
+from grader.isolation.procs import ProcResult, kill_group, spawn_capped
+from grader.problem import Case
 
 CHECK_TESTS = Path(__file__).parent / "checks" / "test_outputs.py"
 

@@ -9,11 +9,12 @@ import shutil
 import subprocess
 import time
 import torch
+
 from grader.common import config
-from grader.isolation.tree import process_tree
 from grader.common.text import clean
-from grader.trusted.timing import GpuBusy, GpuSamples, gpu_busy
+from grader.isolation.tree import process_tree
 from grader.trusted.link import Link
+from grader.trusted.timing import GpuBusy, GpuSamples, gpu_busy
 
 
 def gpu_context_pids() -> set[int] | None:

@@ -47,9 +47,9 @@ from pathlib import Path
 
 from grader.isolation.tree import become_subreaper
 from grader.protocol.lines import read_line
-from grader.trusted.subject_start import take_cpus
 from grader.trusted.calibration import calibrate
-from grader.trusted.run_stage import run_cases, _run_all
+from grader.trusted.run_stage import _run_all, run_cases
+from grader.trusted.subject_start import take_cpus
 from grader.trusted.time_stage import time_case, time_prepared
 
 

@@ -12,13 +12,13 @@ one, and says so.
 
 from __future__ import annotations
 
+from grader.common.status import Status
+from grader.course.results import KernelShare
+from grader.course.submission import split_sources
 from grader.trusted.audit.allowlist import audit_folder
+from grader.trusted.audit.kernels import CPU_ALLOWED_OPS
 from grader.trusted.audit.python_kernels import python_kernel_sites
 from grader.trusted.integrity import DATA_MOVEMENT, classify_launched, own_kernel_names
-from grader.trusted.audit.kernels import CPU_ALLOWED_OPS
-from grader.course.results import KernelShare
-from grader.common.status import Status
-from grader.course.submission import split_sources
 
 # How many of the audit's findings a verdict lists (the result keeps them all).
 SHOWN = 6

@@ -17,8 +17,9 @@ import dataclasses
 import re
 
 from grader.course.submission import split_sources
+from grader.trusted.audit.kernels import (CPU_ALLOWED_OPS, CUTLASS_COMPONENT, LIBRARY_KERNEL,
+                                          kernel_arguments, kernel_base_name)
 from grader.trusted.timing import GpuBusy
-from grader.trusted.audit.kernels import CPU_ALLOWED_OPS, CUTLASS_COMPONENT, LIBRARY_KERNEL, kernel_arguments, kernel_base_name
 
 
 # How a C++ kernel is declared: __global__, or CUTLASS's macro for it.

@@ -11,10 +11,11 @@ import select
 import subprocess
 import time
 import torch
+
 from grader.isolation.procs import spawn_capped
 from grader.isolation.tree import adopted, end_processes, process_tree, started_at
 from grader.protocol.buffers import SharedBuffer, create_buffer
-from grader.trusted.replies import SubjectGone, parse_reply, _protocol
+from grader.trusted.replies import SubjectGone, _protocol, parse_reply
 
 
 REPLY_LIMIT = 4 << 20    # bytes in one reply line; a longer one is a protocol violation

@@ -9,13 +9,14 @@ import json
 import os
 import sys
 import time
-from grader.isolation.tree import process_tree
+
+from grader.common.text import clean
 from grader.isolation.cpus import move_to_cpus
+from grader.isolation.tree import process_tree
 from grader.protocol.buffers import SharedBuffer
 from grader.protocol.lines import read_line
-from grader.common.text import clean
-from grader.trusted.replies import SubjectGone, _error_text
 from grader.trusted.link import Link
+from grader.trusted.replies import SubjectGone, _error_text
 
 
 def start(spec: dict, buffers: dict[str, SharedBuffer], deadline: float) -> tuple[Link, dict | None]:

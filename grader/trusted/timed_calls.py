@@ -9,16 +9,16 @@ import os
 import statistics
 import time
 import torch
+
 from grader.common import config
-from grader.problem import Case
-from grader.problem import make_random_inputs
 from grader.course.results import LOOP_PARTS
-from grader.protocol.buffers import SharedBuffer
-from grader.trusted.timing import relative_standard_error
 from grader.course.verdicts import ProtocolCost
-from grader.trusted.replies import SubjectGone, malformed, _error_text
-from grader.trusted.link import Link, synchronize, allocate
+from grader.problem import Case, make_random_inputs
+from grader.protocol.buffers import SharedBuffer
+from grader.trusted.link import Link, allocate, synchronize
+from grader.trusted.replies import SubjectGone, _error_text, malformed
 from grader.trusted.subject_start import start
+from grader.trusted.timing import relative_standard_error
 
 
 # Captured before anything else runs in this process (nothing else does: this is the trusted side).

@@ -56,9 +56,9 @@ import dataclasses
 import re
 from pathlib import Path
 
-from grader.trusted.audit.findings import ReachFinding
 from grader.course.submission import split_sources
-from grader.trusted.audit.python_files import _parsed, _own_modules, _own_attributes, _unread
+from grader.trusted.audit.findings import ReachFinding
+from grader.trusted.audit.python_files import _own_attributes, _own_modules, _parsed, _unread
 from grader.trusted.audit.scopes import _Context
 from grader.trusted.audit.walk import _Audit
 

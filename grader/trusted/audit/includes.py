@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from grader.course.submission import CUDA_FILE as _SOURCE_NAME
-from grader.trusted.audit.findings import ReachFinding, AuditUnavailable
+from grader.trusted.audit.findings import AuditUnavailable, ReachFinding
 
 
 # Beside the object (reach.STUDENT_OBJECT), the build child's record of every file that translation

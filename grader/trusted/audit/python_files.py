@@ -14,9 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-from grader.trusted.audit.allowed import READABLE_CODECS, REACH_NAMES
-from grader.trusted.audit.findings import ReachFinding
 from grader.course.submission import FILE_MARK
+from grader.trusted.audit.allowed import REACH_NAMES, READABLE_CODECS
+from grader.trusted.audit.findings import ReachFinding
 
 
 _COOKIE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)", re.MULTILINE)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import ast
 
 from grader.trusted.audit.allowed import KERNEL_DECORATORS
-from grader.trusted.audit.python_files import _parsed
 from grader.trusted.audit.paths import _aliases, _dotted
+from grader.trusted.audit.python_files import _parsed
 
 
 def python_kernel_names(files: dict[str, str]) -> set[str]:

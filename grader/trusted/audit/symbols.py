@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from grader.trusted.audit.kernels import CPU_ALLOWED_OPS
 from grader.trusted.audit.findings import ReachFinding
-from grader.trusted.audit.object_file import defined_kernels, _disassembly
+from grader.trusted.audit.kernels import CPU_ALLOWED_OPS
+from grader.trusted.audit.object_file import _disassembly, defined_kernels
 
 
 # PyTorch operators that create, view, copy or move tensors (the `aten::` names of

@@ -20,11 +20,9 @@ import pytest
 import torch
 
 from grader.common import config
-from grader.problem import Case
-from grader.trusted.compare import compare_outputs, plain_error_of
 from grader.course.verdicts import Finding
-from grader.problem import make_inputs
-from grader.problem import attention_plain_fp16, attention_reference
+from grader.problem import Case, attention_plain_fp16, attention_reference, make_inputs
+from grader.trusted.compare import compare_outputs, plain_error_of
 
 # Each case's fp32 reference and the plain fp16 implementation's error, kept for the next
 # submission (least recently used first out past config.CHECK_REFERENCE_BYTES). The inputs, and so
