@@ -2,5 +2,5 @@
 child processes with limits (procs), the CPUs they run on (cpus), process trees by pid (tree),
 per-folder quotas, the reaper, and the device probe.
 
-May import common and protocol only. Decides nothing.
+May import common only (and the grader's version). Decides nothing.
 """
