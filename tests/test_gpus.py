@@ -706,7 +706,8 @@ def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
         return "graded anew"
 
     monkeypatch.setattr(grading, "_grade_built", graded)
-    assert grading.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded anew"
+    with lookahead.keep_warm():   # a GPU worker's lane: its runs begun early are its Lookahead's
+        assert grading.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded anew"
     assert [c[1] for c in calls] == [prepared, None] and removed == [True]
     assert calls[1][0] is not None and calls[1][0] != prepared.jit and calls[1][2] >= 0.2
     assert "again: its run begun early did not start; running it anew" in stream.getvalue()
@@ -938,7 +939,7 @@ def test_a_full_scratch_disk_is_the_machines_fault_not_the_submissions(course, m
     makes the grader's own writes fail for the submission graded beside or after it. That is
     an environment_error (never scored, graded again by the next run), not a grader error that
     counts as the victim's runtime_error; the other submissions are graded as usual."""
-    real = grading.grade_submission
+    real = scheduling.grade_submission   # the course fixture's recorder
 
     def full(sub, build, ctx, source=""):
         if sub.id == "s3":
