@@ -66,3 +66,15 @@ def copy_example(tmp_path):
 @pytest.fixture
 def small_case() -> Case:
     return Case(batch_size=1, num_heads=2, seq_len=77, head_dim=64, seed=11)
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_outlives_its_test():
+    """A test whose grading run stopped (cancel_all: Ctrl-C, a GPU failure, or a failed assertion
+    inside grade_all) leaves the process-wide "stopping" flag set, and every later test's child
+    process would be refused ("the run is stopping"): one failure became thirty in one run of
+    `make test` (session 21). Each test starts with none."""
+    yield
+    from grader.isolation import procs
+    if procs.stopping():
+        procs.end_run()
