@@ -70,7 +70,9 @@ def main() -> int:
     overhead = protocol_overhead(results, flash, out)
     figures["protocol_overhead"] = overhead
     protocol = out / "_protocol.json"
-    figures["protocol_cost"] = json.loads(protocol.read_text()).get("cost") if protocol.exists() else None
+    saved = json.loads(protocol.read_text()) if protocol.exists() else {}
+    figures["protocol_cost"] = saved.get("cost")
+    figures["calibration_kernels"] = calibration_costs(saved.get("breakdown") or {})
     figures["against_in_process"] = against_in_process(out, run, med) if in_process else {}
     (ROOT / "bench" / "timing_trust.json").write_text(json.dumps(figures, indent=1) + "\n")
     for k, v in med.items():
@@ -88,6 +90,9 @@ def main() -> int:
         print(f"  cost, {name:26s}: {c['beyond_events']:.3f} ms beyond the events = copy "
               f"{c['copy']:.3f} + pipes {c['pipes']:.3f} + switch back {c['switch_back']:.3f} + rest "
               f"{c['rest']:.3f}; subtracted {c['subtracted']:.3f}")
+    for name, c in figures["calibration_kernels"].items():
+        print(f"  calibration, {name:20s}: {c['beyond_events']:.3f} ms beyond its events "
+              f"(wall {c['wall_ms']:.3f}, fence {c['fence_ms']:.3f}, events {c['events_ms']:.3f})")
     for name, o in figures["against_in_process"].items():
         print(f"against in-process events, {name:16s}: harness {o['harness_ms']:.3f} ms, in one "
               f"process {o['in_process_ms']:.3f} ms: {100 * o['difference']:+.2f}% (context)")
@@ -109,6 +114,19 @@ def protocol_overhead(results: dict, flash: dict, out: Path) -> dict:
                                  overhead=t["median_ms"] / t["subject_events_ms"] - 1,
                                  cost=cost_parts(t))
     return figures
+
+
+def calibration_costs(breakdown: dict) -> dict:
+    """Each trusted calibration kernel's own cost beyond its events (medians, ms), from the
+    calibration's breakdown (_protocol.json): what the one subtracted cost is the mean of."""
+    costs = {}
+    for name, b in breakdown.items():
+        if isinstance(b, dict) and b.get("subject_events_ms"):
+            later = max(b.get("wall_ms", 0.0), b.get("fence_ms", 0.0))
+            costs[name] = dict(wall_ms=b.get("wall_ms", 0.0), fence_ms=b.get("fence_ms", 0.0),
+                               events_ms=b["subject_events_ms"],
+                               beyond_events=later - b["subject_events_ms"])
+    return costs
 
 
 def cost_parts(t: dict) -> dict:

@@ -9,9 +9,11 @@
 #    Linux torch brings about 3 GB of CUDA libraries that need a GPU (and PyPI's, if that index
 #    cannot be reached); with a GPU, or elsewhere, from pip's own index. TORCH_INDEX=URL: that
 #    index; TORCH_INDEX=pip: pip's own.
-#  - pip's output (warnings, progress, resolver notes) goes to $SETUP_LOG (default
-#    .venv/setup.log, this set-up's only), not to the terminal, which shows a line per step. A
-#    step that fails names the log and shows its last lines.
+#  - The terminal shows a line per step, this script's own. Everything the commands it runs print
+#    goes to $SETUP_LOG (default .venv/setup.log, this set-up's only): pip's warnings, progress
+#    and resolver notes, and what an interpreter says as it starts (a .pth file of a reused
+#    site-packages that fails, a torch that warns as it is imported). A step that fails names the
+#    log and shows its last lines.
 #  - Missing packages come from PyPI, or only from ./.whl when that folder exists (offline
 #    machines: carry pytest_json_report and pytest_metadata wheels there).
 #  - Everything the bundled examples and tests need is installed by default: numpy (a
@@ -48,16 +50,23 @@ PIP_SRC=""
 [ -d .whl ] && PIP_SRC="--no-index --find-links .whl"
 mkdir -p "$VENV" "$(dirname "$SETUP_LOG")"
 : > "$SETUP_LOG"
+# From here on every command's output goes to the log (issue 32: pip's warnings about ignored
+# locations and invalid distributions, 41 lines on an instructor's fresh machine, and a .pth
+# file's traceback at each of a dozen probes' start); this script's own lines reach the terminal
+# through say (stdout) and warn (stderr) only.
+exec 3>&1 4>&2 >>"$SETUP_LOG" 2>&1
+say() { echo "bootstrap: $*" >&3; }
+warn() { echo "bootstrap: $*" >&4; }
 
 # log_tail WHY: a failed step, said on stderr with the log's last lines.
 log_tail() {
-    echo "bootstrap: $1; pip's output is in $SETUP_LOG, whose last lines are:" >&2
-    tail -n 25 "$SETUP_LOG" | sed 's/^/    /' >&2
+    warn "$1; the set-up's output is in $SETUP_LOG, whose last lines are:"
+    tail -n 25 "$SETUP_LOG" | sed 's/^/    /' >&4
 }
-# pip_logged ARGS...: pip with its output in the log (its status is the caller's to judge).
+# pip_logged ARGS...: pip, into the log (its status is the caller's to judge).
 pip_logged() {
-    echo "=== $(date '+%H:%M:%S') pip $*" >> "$SETUP_LOG"
-    $PIP "$@" --disable-pip-version-check --no-input --progress-bar off >> "$SETUP_LOG" 2>&1
+    echo "=== $(date '+%H:%M:%S') pip $*"
+    $PIP "$@" --disable-pip-version-check --no-input --progress-bar off
 }
 # pip_or_stop ARGS...: pip_logged; when it fails, set-up stops with the log's tail.
 pip_or_stop() {
@@ -69,15 +78,14 @@ last_error() {
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
-    echo "bootstrap: creating $VENV with $($BASE_PYTHON --version 2>&1); pip's output goes to $SETUP_LOG"
+    say "creating $VENV with $("$BASE_PYTHON" --version 2>&1); pip's output goes to $SETUP_LOG"
     # An interpreter without ensurepip (Debian without python3-venv) still makes a venv
     # without pip; the base interpreter's pip then installs into it.
-    "$BASE_PYTHON" -m venv "$VENV" >> "$SETUP_LOG" 2>&1 \
-        || "$BASE_PYTHON" -m venv --without-pip "$VENV" >> "$SETUP_LOG" 2>&1 \
+    "$BASE_PYTHON" -m venv "$VENV" || "$BASE_PYTHON" -m venv --without-pip "$VENV" \
         || { log_tail "$BASE_PYTHON could not create $VENV"; exit 1; }
 else
-    echo "bootstrap: bringing $VENV up to date (a knob or pyproject.toml changed, or a set-up did not" \
-         "finish); pip's output goes to $SETUP_LOG"
+    say "bringing $VENV up to date (a knob or pyproject.toml changed, or a set-up did not" \
+        "finish); pip's output goes to $SETUP_LOG"
 fi
 PY="$VENV/bin/python"
 if "$PY" -m pip --version >/dev/null 2>&1; then PIP="$PY -m pip"; else PIP="$BASE_PYTHON -m pip --python $PY"; fi
@@ -100,7 +108,7 @@ if has "$BASE_PYTHON" torch; then
         [sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']] + site.getsitepackages())
 print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in dirs))" > "$SITE/_base_site.pth"
     SITE_PTH_MARK="$SITE/_base_site.pth"
-    echo "bootstrap: reusing torch from $BASE_PYTHON"
+    say "reusing torch $(version torch) from $BASE_PYTHON"
 fi
 
 # The venv's own torch (not a reused one) must satisfy $TORCH_SPEC: a changed knob reinstalls it.
@@ -135,14 +143,14 @@ if [ ! -f "$SITE_PTH_MARK" ] && ! torch_ok; then
     if [ -n "$INDEX" ]; then
         why=""
         [ "$INDEX" = "$CPU_TORCH_INDEX" ] && why=" (no NVIDIA GPU here: the CPU build)"
-        echo "bootstrap: installing $TORCH_SPEC from $INDEX$why"
+        say "installing $TORCH_SPEC from $INDEX$why"
         # few retries: an index that cannot be reached falls back to pip's own soon
         if ! pip_logged install --index-url "$INDEX" --retries 1 --timeout 30 "$TORCH_SPEC"; then
-            echo "bootstrap: $INDEX did not give $TORCH_SPEC ($(last_error)); installing it from pip's own index"
+            say "$INDEX did not give $TORCH_SPEC ($(last_error)); installing it from pip's own index"
             pip_or_stop install $PIP_SRC "$TORCH_SPEC"
         fi
     else
-        echo "bootstrap: installing $TORCH_SPEC"
+        say "installing $TORCH_SPEC"
         pip_or_stop install $PIP_SRC "$TORCH_SPEC"
     fi
 fi
@@ -163,7 +171,7 @@ print(" ".join(missing))
 PYEOF
 )
 if [ -n "$MISSING" ]; then
-    echo "bootstrap: installing $MISSING"
+    say "installing $MISSING"
     pip_or_stop install $PIP_SRC $MISSING
 fi
 
@@ -171,14 +179,14 @@ fi
 # that cannot (no wheel for it, no network) is told what it lacks, and set-up goes on.
 extra() {
     SPECS=$("$PY" -c "import sys, tomllib; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['project']['optional-dependencies'][sys.argv[1]]))" "$1")
-    echo "bootstrap: installing $SPECS ($3)"
+    say "installing $SPECS ($3)"
     if ! pip_logged install $PIP_SRC $SPECS; then
         if [ "$2" = 1 ]; then
             log_tail "$SPECS could not be installed, and it is required here"
             exit 1
         fi
-        echo "bootstrap: WARNING: $SPECS could not be installed on this machine ($(last_error);" \
-             "pip's output: $SETUP_LOG); $4" >&2
+        warn "WARNING: $SPECS could not be installed on this machine ($(last_error);" \
+             "pip's output: $SETUP_LOG); $4"
     fi
 }
 # Triton: the bundled Triton example and Triton submissions; without a GPU through its interpreter.
@@ -215,10 +223,10 @@ except ImportError:
 sys.exit(0 if Requirement(sys.argv[1]).specifier.contains(installed, prereleases=True) else 1)
 PYEOF
 then
-    echo "bootstrap: installing $CUTE_SPEC (CUTLASS/CuTe headers for the CuTe track)"
+    say "installing $CUTE_SPEC (CUTLASS/CuTe headers for the CuTe track)"
     pip_logged install --no-deps $PIP_SRC $CUTE_SPEC \
-        || echo "bootstrap: WARNING: $CUTE_SPEC could not be installed on this machine ($(last_error);" \
-                "pip's output: $SETUP_LOG); CuTe submissions get environment_error (not graded) here" >&2
+        || warn "WARNING: $CUTE_SPEC could not be installed on this machine ($(last_error);" \
+                "pip's output: $SETUP_LOG); CuTe submissions get environment_error (not graded) here"
 fi
 # Playwright: drives the system's chromium in the browser test of the page.
 if [ "$WITH_BROWSER" = 1 ] || { [ "$WITH_BROWSER" = auto ] && { command -v chromium || command -v chromium-browser; } >/dev/null 2>&1; }; then
@@ -230,7 +238,7 @@ fi
 
 # One import of torch (seconds on a busy machine) answers the rest: its version, its CUDA, and
 # whether numpy works with it ("version cuda numpy_ok").
-if ! PROBE=$("$PY" - 2>>"$SETUP_LOG" <<'PYEOF'
+if ! PROBE=$("$PY" - <<'PYEOF'
 import torch
 try:
     import numpy
@@ -252,7 +260,7 @@ if [ "$TORCH_CUDA" = none ] && command -v nvcc >/dev/null; then
     CUDA_INC="$(dirname "$(dirname "$(command -v nvcc)")")/include"
     if [ ! -f "$CUDA_INC/cusparse.h" ] && [ ! -f "$VENV/cuda-include/cusparse.h" ] \
        && [ ! -f "${GRADER_CUDA_INCLUDE:-/nonexistent}/cusparse.h" ]; then
-        echo "bootstrap: fetching cuBLAS/cuSPARSE/cuSOLVER headers for compile checks"
+        say "fetching cuBLAS/cuSPARSE/cuSOLVER headers for compile checks"
         TMP=$(mktemp -d)
         pip_or_stop download --no-deps $PIP_SRC -d "$TMP" nvidia-cublas nvidia-cusparse nvidia-cusolver
         mkdir -p "$VENV/cuda-include"
@@ -269,16 +277,16 @@ fi
 # torch without a working numpy warns on every import ("Failed to initialize NumPy") and cannot
 # convert tensors to arrays, which Triton's CPU interpreter does all the time: say so here, once.
 if [ "$NUMPY_OK" != 1 ]; then
-    echo "bootstrap: WARNING: numpy does not work with this torch here; install the version" \
-         "pyproject.toml names: $PIP install 'numpy<2.4'" >&2
+    warn "WARNING: numpy does not work with this torch here; install the version" \
+         "pyproject.toml names: $PIP install 'numpy<2.4'"
 fi
 if [ "$WITH_TRITON" != 0 ] && has "$PY" triton; then
-    echo "bootstrap: Triton $(version triton) installed:" \
+    say "Triton $(version triton) installed:" \
          "Triton submissions run on its interpreter where there is no GPU (TRITON_INTERPRET=1)"
 fi
 if [ "$WITH_TILELANG" != 0 ] && has "$PY" tilelang; then
-    echo "bootstrap: TileLang $(version tilelang) installed:" \
+    say "TileLang $(version tilelang) installed:" \
          "where there is no GPU, TileLang submissions are compiled for the course GPU (nvcc), not run"
 fi
 printf '%s\n' "${KNOBS:-base=$BASE_PYTHON torch=$TORCH_SPEC triton=$WITH_TRITON tilelang=$WITH_TILELANG browser=$WITH_BROWSER}" > "$STAMP"
-echo "bootstrap: ready in $(( $(date +%s) - STARTED )) s (torch $TORCH_VERSION, CUDA $TORCH_CUDA); pip's output: $SETUP_LOG"
+say "ready in $(( $(date +%s) - STARTED )) s (torch $TORCH_VERSION, CUDA $TORCH_CUDA); the set-up's log: $SETUP_LOG"

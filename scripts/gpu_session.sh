@@ -21,7 +21,8 @@
 # lanes (COPIES, LANES, STOP_AFTER: a short course, then 1 GPU with lanes 3 and 1), lanes-warm
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
 # wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
-# probe (bench/protocol_probe.py --solution $PROBE_ARGS).
+# probe (bench/protocol_probe.py --solution $PROBE_ARGS), course (COPIES, COURSE_STOP: the
+# 100-copy course on one GPU, cold), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
 # it was started from.
 set -u
@@ -85,6 +86,13 @@ task() {
                         && cp bench/grader_bench_lanes_cold.json "$OUT/" \
                         && make bench-grader COPIES="${COPIES:-40}" BENCH_ARGS="--warm --no-baselines --lanes ${LANES:-3 1} --out bench/grader_bench_lanes_warm.json" \
                         && cp bench/grader_bench_lanes_warm.json "$OUT/" ;;
+        # issue 32: the 100-copy course on one GPU from a cold build cache (COURSE_STOP: the most
+        # seconds it is given), and one kernel's course on 1 GPU and on 2 (TWO_STOP each)
+        course) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --stop-after ${COURSE_STOP:-900} --out bench/grader_bench_s22.json" \
+                    ; s=$?; cp bench/grader_bench_s22.json "$OUT/" 2>/dev/null; (exit $s) ;;
+        two-gpus) make bench-grader COPIES="${COPIES:-60}" GPUS="0 0,1" BENCH_ARGS="--honest examples/triton_flash --no-baselines --stop-after ${TWO_STOP:-300} --out bench/grader_bench_s22_2gpu.json" \
+                      ; s=$?; cp bench/grader_bench_s22_2gpu.json "$OUT/" 2>/dev/null \
+                      ; tar czf "$OUT/two_gpus_results.tgz" build/bench-grader/results-*/*.json 2>/dev/null; (exit $s) ;;
         wheels) make env && for whl in .whl-*/*.whl; do
                     [ -f "$whl" ] && { .venv/bin/python -m pip install -q --no-index --no-deps "$whl" \
                                            || python3 -m pip --python .venv/bin/python install -q --no-index --no-deps "$whl"; }

@@ -136,12 +136,14 @@ def test_import_that_hangs_times_out(make_submission, tmp_path, monkeypatch):
 def test_a_timeout_on_an_overloaded_machine_is_retried_then_the_machines(make_submission, tmp_path,
                                                                           monkeypatch):
     monkeypatch.setattr(build, "machine_load", lambda: 9.0)
+    monkeypatch.setattr(config, "BUILD_LOAD_SCALE_MAX", 1.5)   # the limit follows the load: 3 s
     hang = make_submission("hang", "import time\ntime.sleep(600)\n")
     r = build_submission(inspect_folder(hang), build_dir=tmp_path / "b", device=CPU,
                          limits=config.Limits(import_s=2))
-    assert r.status is Status.ENVIRONMENT_ERROR and not r.status.scored
+    assert r.status is Status.ENVIRONMENT_ERROR and not r.status.scored and r.under_load
     assert "twice" in r.message and "overloaded (load 9.0 per core)" in r.message
-    assert "not your fault" in r.message and r.elapsed_s >= 4
+    assert "within 3 s (the limit times 1.5 for the grading machine's load)" in r.message
+    assert "not your fault" in r.message and r.elapsed_s >= 6
 
 
 def test_a_missing_provided_module_is_the_machines_fault_and_retried(make_submission, tmp_path,

@@ -385,6 +385,75 @@ def test_quick_builds_start_first_so_the_gpu_starts_at_once(course, monkeypatch,
         s.id for s in course.subs[1:]]   # each kind in the order given
 
 
+def test_a_build_the_overloaded_machine_failed_is_built_again_once_the_load_falls(
+        course, monkeypatch):
+    """Issue 32: a build that timed out twice under load (environment_error, under_load) is not
+    the run's last word: after the run's other builds, once the load has fallen, it is built
+    again, and that build's verdict is what the GPU stages grade. Built again once only."""
+    tries: dict[str, int] = {}
+    loads = iter([5.0, 5.0, 0.2])   # retry_round waits while the machine is still loaded
+
+    def build(sub, **kw):
+        tries[sub.id] = tries.get(sub.id, 0) + 1
+        if sub.id in ("s3", "s5") and tries[sub.id] == 1:
+            return BuildResult(Status.ENVIRONMENT_ERROR, "import", 1.0, under_load=True,
+                               message="import did not finish within 120 s twice, while ...")
+        if sub.id == "s6":   # overloaded on every try: the second build's verdict stands
+            return BuildResult(Status.ENVIRONMENT_ERROR, "import", 1.0, under_load=True)
+        return BuildResult(Status.PASS, "import", 0.01)
+
+    monkeypatch.setattr(scheduling, "build_submission", build)
+    monkeypatch.setattr(scheduling, "machine_load", lambda: next(loads, 0.2))
+    monkeypatch.setattr(config, "BUILD_RETRY_WAIT_S", 60.0)
+    ctx, graded = course.grade([gpu(0)])
+    assert tries == {**{s.id: 1 for s in course.subs}, "s3": 2, "s5": 2, "s6": 2}
+    by_id = {r.id: r for r in graded}
+    assert by_id["s3"].build.status is Status.PASS and by_id["s5"].build.status is Status.PASS
+    assert by_id["s6"].build.status is Status.ENVIRONMENT_ERROR   # once more only, then its verdict
+    assert len([r for r in graded if r.role == "student"]) == 8   # every one has a result
+    assert next(loads, None) is None   # it waited for the load to fall before building again
+
+
+def test_a_submission_whose_cases_the_overloaded_machine_ended_is_graded_again_later(
+        course, monkeypatch):
+    """Issue 32: a result the load rule made the machine's (stages/run.py overloaded) is not
+    written; it is graded once more after the queue, when the load has fallen, and that is its
+    result. A second such result stands (environment_error, for the exit status to report)."""
+    from grader.stages.run import OVERLOADED
+    graded: dict[str, int] = {}
+    loads = iter([5.0, 0.3])
+    honest = course.recorder.grade_submission
+
+    def grade(sub, build, ctx, source=""):
+        graded[sub.id] = graded.get(sub.id, 0) + 1
+        result = honest(sub, build, ctx, source)
+        if sub.id == "s2" and graded[sub.id] == 1 or sub.id == "s4":
+            case = CaseResult("c", Status.ENVIRONMENT_ERROR, f"timed out twice, both times {OVERLOADED} 3.0")
+            return dataclasses.replace(result, status=Status.ENVIRONMENT_ERROR, cases=[case], timing=None)
+        return result
+
+    monkeypatch.setattr(scheduling, "grade_submission", grade)
+    monkeypatch.setattr(scheduling, "machine_load", lambda: next(loads, 0.3))
+    ctx, results = course.grade([gpu(0)])
+    assert graded["s2"] == 2 and graded["s4"] == 2 and graded["s1"] == 1
+    by_id = {r.id: r for r in results}
+    assert by_id["s2"].status is Status.PASS and by_id["s4"].status is Status.ENVIRONMENT_ERROR
+    assert [r.id for r in results].count("s2") == 1   # one result: the second grading's
+    runs = [r["what"] for r in course.recorder.runs if r["role"] == "student"]
+    assert runs.index("s2", runs.index("s2") + 1) > runs.index("s7")   # after the queue
+
+
+def test_a_course_build_s_limit_follows_the_machine_s_load():
+    """Issue 32: a course build's limits scale with the load per core read before it starts
+    (at least 1x, at most config.BUILD_LOAD_SCALE_MAX), and the timeout says it was scaled."""
+    from grader.build import stage as build_stage
+    limits = config.Limits(build_s=300, import_s=120)
+    assert build_stage.under_load(limits, 0.4) == limits
+    doubled = build_stage.under_load(limits, 2.0)
+    assert (doubled.build_s, doubled.import_s, doubled.load_scale) == (600, 240, 2.0)
+    assert build_stage.under_load(limits, 50.0).build_s == 300 * config.BUILD_LOAD_SCALE_MAX
+
+
 def test_a_worker_knows_its_next_submission_while_it_grades_one(course):
     """lookahead.Lookahead: a GPU worker takes its next job before it grades one, so that the
     next one's run can be begun meanwhile; it then grades exactly that one next."""

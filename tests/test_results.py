@@ -40,11 +40,16 @@ def test_round_trip_and_files_on_disk(tmp_path):
     assert json.loads((tmp_path / "alice.json").read_text())["status"] == "mismatch"
 
 
-def test_unreadable_result_files_are_skipped(tmp_path):
+def test_an_unreadable_result_file_is_shown_as_no_result_never_dropped(tmp_path):
+    """Issue 32: a damaged result file (here in a run file from before rosters) is its row, with
+    no result and a note naming the file and the regrade; it is never silently left out."""
     (tmp_path / "broken.json").write_text("{")
     (tmp_path / "_run.json").write_text("{}")
     write_result(tmp_path, sample())
-    assert [r.id for r in read_results(tmp_path)] == ["alice"]
+    results = read_results(tmp_path)
+    assert [r.id for r in results] == ["alice", "broken"]
+    broken = results[1]
+    assert broken.no_result and "broken.json" in broken.message and "--only broken" in broken.message
 
 
 def test_timing_summary():

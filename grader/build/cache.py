@@ -14,7 +14,8 @@ folder (grader/isolation/sandbox.py); a CUDA build runs no submission code at al
 So the cache is used only when the sandbox is active (`usable`), and only for builds that ran
 in it (build.build_submission): without one, a submission's run could write an entry another
 submission's next build would load. The cache and the build folders are apart by construction
-(`build/cache/` against `build/students/<module>/` and `build/reference/<module>/`).
+(`build/cache/`, which every run of the clone shares, against each run's
+`build/<results>-<hash>/students/<module>/` and `.../reference/<module>/`).
 
 Integrity: an entry is written into a temporary folder beside the others, every file and the
 manifest fsynced, and renamed into place whole, last; a build that fails, times out or is killed

@@ -158,6 +158,8 @@ def _build_tried(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits
     # The load is read before each try: during one, the submission's own processes add to it,
     # and a hung build must not be able to make its own timeout look like the machine's.
     load = machine_load()
+    if student_check is None:   # a course's build: its limit follows the machine's load
+        limits = under_load(limits, load)
     watch = BuildWatch(sub, limits, student_check) if student_check is not None else None
     # (only a check's build is watched; a course's calls _build_once as it always did)
     watched = {"watch": watch} if watch is not None else {}
@@ -181,6 +183,7 @@ def _build_tried(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits
     if second.status is Status.TIMEOUT and first.status is Status.TIMEOUT:
         if load >= config.OVERLOADED_PER_CORE:
             return dataclasses.replace(second, status=Status.ENVIRONMENT_ERROR, elapsed_s=elapsed,
+                                       under_load=True,
                                        message=(f"{second.message} twice, while the grading machine "
                                                 f"was overloaded (load {load:.1f} per core): it "
                                                 f"cannot tell slow from hung. " + NOT_YOURS)), output
@@ -205,6 +208,21 @@ def _write_log(log_path: Path | None, text: str) -> None:
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(text)
+
+
+def under_load(limits: config.Limits, load: float) -> config.Limits:
+    """A course build's limits on a machine whose load per core is `load`, read before the build
+    starts: a compile that gets 1/load of a core takes about load times as long, so its limit is
+    scaled by the load, between 1 and config.BUILD_LOAD_SCALE_MAX. The limit a timeout names is
+    the scaled one (BuildResult's message says so). Builds of the run itself keep the load near 1
+    per core (one job per build CPU): only others' work, or a machine shared with another run,
+    raises it. A student's check keeps its limit: the message of its timeout names the knob."""
+    scale = min(max(load, 1.0), config.BUILD_LOAD_SCALE_MAX)
+    if scale <= 1.0:
+        return limits
+    return dataclasses.replace(limits, build_s=round(limits.build_s * scale, 1),
+                               import_s=round(limits.import_s * scale, 1),
+                               load_scale=round(scale, 2))
 
 
 def machine_load() -> float:
@@ -269,7 +287,7 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
                            artifact=artifact_path(build_dir, mode, sub.module_name),
                            message="uses the GPU when imported: imported on its GPU, at its first case",
                            log_tail=relevant_log(proc.output, sub.source.name)), proc.output
-    return _interpret(proc, mode, sub, build_dir, timeout,
+    return _interpret(proc, mode, sub, build_dir, timeout, limits=limits,
                       student_check=watch.check if watch is not None else None), proc.output
 
 
@@ -283,11 +301,14 @@ NEEDS_A_GPU = re.compile(r"No CUDA GPUs are available|no CUDA-capable device|Fou
 
 
 def _interpret(proc: ProcResult, mode: str, sub: Submission, build_dir: Path,
-               timeout: float, *, student_check: StudentCheck | None = None) -> BuildResult:
+               timeout: float, *, student_check: StudentCheck | None = None,
+               limits: config.Limits | None = None) -> BuildResult:
     what = "import" if mode == "import" else "compile"
     if proc.timed_out:
+        scaled = (f" (the limit times {limits.load_scale:g} for the grading machine's load)"
+                  if limits is not None and limits.load_scale > 1 else "")
         return BuildResult(Status.TIMEOUT, mode, proc.elapsed_s,
-                           message=f"{what} did not finish within {timeout:.0f} s",
+                           message=f"{what} did not finish within {timeout:.0f} s{scaled}",
                            log_tail=proc.tail(30))
     if not proc.ok:   # an import's output is the student's own traceback (subject/loop.py): whole
         log = proc.tail(60) if mode == "import" else relevant_log(proc.output, sub.source.name)

@@ -14,6 +14,7 @@ from grader.build.flags import PTXAS_VERBOSE_ENV
 from grader.cli.grade import _grade
 from grader.common import config
 from grader.common.status import Status
+from grader.course.locks import run_build_dir
 from grader.course.results import RunFileError, read_results, read_run
 from grader.course.submission import CUDA_FILE, PYTHON_FILE, Kind, inspect_folder
 from grader.course.verdicts import BuildResult
@@ -160,6 +161,10 @@ def check_command(args) -> int:
     # A results folder per submission folder (results/check/triton, ...): checks of two tracks
     # run at once; a second check of the same folder is refused (its lock names --out).
     out = args.out or config.DEFAULT_RESULTS / "check" / sub.id
+    # Its build folder is that results folder's own (issue 32), so a check never builds in the
+    # folder of a grading run or of another check; the build cache in build/ is shared.
+    args.cache_root = args.build_dir or config.DEFAULT_BUILD
+    args.build_dir = args.build_dir or run_build_dir(out)
     # Without a GPU, a Python submission also runs on small public cases (the public ones are too
     # large for a CPU); a CUDA one is compile-checked only.
     args.cpu_cases = config.CPU_CHECK_CASES if sub.kind is Kind.PYTHON else None

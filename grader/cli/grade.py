@@ -11,7 +11,7 @@ from pathlib import Path
 from grader.build.cache import FOLDER as CACHE_FOLDER, BuildCache
 from grader.common import config
 from grader.course.intake import DropError, open_drop
-from grader.course.locks import RunLock
+from grader.course.locks import drop_lock, run_build_dir
 from grader.course.policy import POLICY_FILE, PolicyError, load_policy, missing_baselines
 from grader.course.results import read_results
 from grader.course.runs import LockHeld, RunJournal, RunSession, check_only, previous_run_note
@@ -22,6 +22,7 @@ from grader.isolation.sandbox import Sandbox, SandboxUnavailable, default_layout
 from grader.problem import BASELINES, CaseFileError, largest, load_all_cases, load_cases, with_cases
 from grader.report.pages import terminal_table, where_reports_are, write_reports
 from grader.report.progress import Progress
+from grader.report.summary import exit_status, outcome_text, run_outcome
 from grader.schedule.workers import grade_all
 from grader.stages.context import GpuUnhealthy, gpu_records, grading_context, now
 
@@ -150,16 +151,23 @@ def _grade_run(subs, *, out: Path, args, baselines: list[str], quiet: bool, case
     if not quiet:
         print(terminal_table(out, results, run))
         print(where_reports_are(paths, out))
+    if args.command != "grade":   # a student's check decides its own status (grader/cli/check.py)
+        return code
+    code = exit_status(code, results)   # 4: an entry has no final verdict (report/summary.py)
+    print(outcome_text(run_outcome(out, results, run, policy=policy,
+                                   roster=getattr(args, "roster", None)), out_dir=out, code=code))
     return code
 
 
 def _build_cache(args, sandbox: Sandbox) -> BuildCache | None:
-    """The build cache in the build folder, unless --no-build-cache. Without an active sandbox
-    it is off, and a grading run says so (grader/build/cache.py: only a sandboxed submission
-    cannot write it); a student's check, which has no secrets to keep, says nothing."""
+    """The build cache, unless --no-build-cache: build/cache/, which every run of the clone shares
+    (grader/build/cache.py: entries are renamed into place whole, so runs side by side may store
+    and read at once), or the cache in --build-dir. Without an active sandbox it is off, and a
+    grading run says so (only a sandboxed submission cannot write it); a student's check, which
+    has no secrets to keep, says nothing."""
     if args.no_build_cache:
         return None
-    cache = BuildCache(args.build_dir / CACHE_FOLDER, sandboxed=sandbox.active)
+    cache = BuildCache(args.cache_root / CACHE_FOLDER, sandboxed=sandbox.active)
     if not cache.usable and args.command != "check":
         print(f"note: {cache.describe()}", file=sys.stderr)
     return cache
@@ -174,9 +182,15 @@ def grade_command(args) -> int:
         return 2
     if _load_policy(args) is None:
         return 2
-    scratch = args.build_dir.resolve() / config.DROP_SCRATCH
+    out = args.out or config.DEFAULT_RESULTS
+    # A build folder per results folder (issue 32): runs with results folders of their own grade
+    # side by side, sharing only the build cache in build/. --build-dir: that folder for both.
+    own = args.build_dir is None
+    args.cache_root = args.build_dir or config.DEFAULT_BUILD
+    args.build_dir = (run_build_dir(out) if own else args.build_dir).resolve()
+    scratch = args.build_dir / config.DROP_SCRATCH
     try:   # unpacking replaces the folders another run may be grading from: one run at a time
-        args.drop_lock = RunLock(scratch.parent / ".drop.lock", f"the unpacked drop in {scratch}")
+        args.drop_lock = drop_lock(args.build_dir, out, own=own)
         args.drop_lock.acquire()   # held until this process exits
     except LockHeld as e:
         print(f"error: {e}", file=sys.stderr)
@@ -196,6 +210,5 @@ def grade_command(args) -> int:
         print(f"error: {slurm.misuse(args)}", file=sys.stderr)
         return 2
     if args.executor == "slurm":   # the same run, graded by Slurm tasks (grader/executors/slurm.py)
-        return slurm.grade(subs, out=args.out or config.DEFAULT_RESULTS, args=args,
-                           baselines=baselines)
-    return _grade(subs, out=args.out or config.DEFAULT_RESULTS, args=args, baselines=baselines)
+        return slurm.grade(subs, out=out, args=args, baselines=baselines)
+    return _grade(subs, out=out, args=args, baselines=baselines)

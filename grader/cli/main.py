@@ -27,13 +27,18 @@ from grader.course.review import (DECISIONS, ReviewError, decision_problem, load
                      queue_text, record_decision)
 from grader.course.roster import RosterError, load_roster
 from grader.report.pages import where_reports_are
+from grader.report.summary import outcome_text, run_outcome
 from grader.cli.grade import _load_policy, grade_command
 from grader.cli.check import check_command
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="results folder")
-    p.add_argument("--build-dir", type=Path, default=config.DEFAULT_BUILD)
+    p.add_argument("--build-dir", type=Path,
+                   help="the build folder: the unpacked drop, the builds and the build cache "
+                        "(default: build/<results folder's name>-<hash>/, one per results folder, so "
+                        "runs with results folders of their own run side by side; and build/cache/, "
+                        "which they share)")
     p.add_argument("--cases", type=Path, default=config.PUBLIC_CASES, help="public test cases")
     p.add_argument("--hidden", type=Path, default=config.HIDDEN_CASES,
                    help="hidden test cases (used when the file exists)")
@@ -219,6 +224,9 @@ def _leaderboard(args) -> int:
     paths = write_reports(args.out, roster=args.roster, policy=policy, results=results)
     print(terminal_table(args.out, results, run))
     print(where_reports_are(paths, args.out))
+    # what is left to do, and the command that regrades it; a re-render exits 0 all the same
+    print(outcome_text(run_outcome(args.out, results, run, policy=policy, roster=args.roster),
+                       out_dir=args.out))
     return 0
 
 

@@ -89,6 +89,9 @@ class Limits:
     # and a cold 100-copy course graded 59 in 600 s with the builds yielding, against 47 without
     # (three machines: notes/throughput.md, session 17).
     build_yield_share: float = 0.5
+    # What a course build's limits were scaled by for the machine's load (build.stage.under_load):
+    # 1, or the factor its timeout message names. Set by the build stage, not by a knob.
+    load_scale: float = 1.0
 
     def case_s(self, flops: float) -> float:
         """The run limit of one case's first call on a GPU, from its size."""
@@ -131,6 +134,16 @@ PROVIDED_HEADERS = ("cublas_v2.h", "cublas.h", "cublasLt.h", "cusparse.h", "cuso
 # again; a second timeout under such load is the machine's (environment_error). A submission's
 # own build adds about 1 to the load: 2 per core means others are competing for the cores.
 OVERLOADED_PER_CORE = 2.0
+# A course build's limits (Limits.build_s, import_s) are scaled by the machine's load per core
+# read before it starts, between 1 and this (build.stage.under_load): a 300 s compile limit is
+# 600 s at a load of 2 per core, and at most 1200 s.
+BUILD_LOAD_SCALE_MAX = 4.0
+# A build that ended as the machine's failure (environment_error, e.g. two timeouts under load) is
+# built once more in the same run, after the run's other builds, once the load per core is under
+# BUILD_RETRY_CALM (or after BUILD_RETRY_WAIT_S of waiting, whichever comes first):
+# schedule/workers.py CourseRun.retry_round.
+BUILD_RETRY_CALM = 1.0
+BUILD_RETRY_WAIT_S = 300.0
 # A student's check says what its build is doing (the compiler's phase, the time so far) every
 # this many seconds in a log or a pipe; a terminal's live display updates its line every second.
 # A compile check takes 35-65 s on an idle 2-core machine and minutes on a busy one
@@ -184,6 +197,15 @@ TIMING_COARSE_FRACTION = 0.08
 TIMING_COARSE_RSE = 0.02
 TIMING_COARSE_MIN_REPS = 10
 TIMING_WARMUP_CALLS = 2
+# A bounded cost per submission (issue 32): a call slower than TIMING_SLOW_FACTOR times the coarse
+# threshold (about 100x slower than cuDNN: over a second on the largest case) gets one warm-up
+# call and is placed on TIMING_SLOW_CALLS calls; and the loop stops ('bound') when one more call
+# and the spot checks (TIMING_SPOT_RESERVE_S) might not end within the stage's limit
+# (Limits.time_s), ranking what was timed. A submission's GPU stages then hold its GPU at most
+# Limits.run_s + Limits.time_s + its check (docs/instructor-guide.md, "A bounded cost").
+TIMING_SLOW_FACTOR = 10.0
+TIMING_SLOW_CALLS = 3
+TIMING_SPOT_RESERVE_S = 15.0
 # The protocol's calibration (grader/trusted/harness.py calibrate), per trusted subject: warm-up calls
 # before a timed loop's own warm-up, then the calls measured.
 CALIBRATION_WARMUP_CALLS = 6

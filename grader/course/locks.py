@@ -1,4 +1,6 @@
-"""Locks that keep two grading runs apart: one per results folder, one per GPU.
+"""What keeps two grading runs apart: a lock per results folder, one per GPU, and a build folder
+per results folder (run_build_dir), so that runs with results folders of their own grade side by
+side in one clone.
 
 A lock is an `fcntl.flock` on a file that also names its holder (pid, host, start time,
 command). The kernel releases a flock when its holder dies, however it dies, so a lock is never
@@ -11,14 +13,18 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import hashlib
 import json
 import os
+import re
 import shlex
 import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
+
+from grader.common import config
 
 LOCK_DIR_ENV = "GRADER_LOCK_DIR"       # where the GPU locks live: one folder for the machine
 DEFAULT_LOCK_DIR = Path("/tmp/grader-locks")
@@ -172,6 +178,32 @@ def folder_lock(out_dir: Path) -> RunLock:
     return RunLock(Path(out_dir) / FOLDER_LOCK, f"the results folder {out_dir}",
                    instead=f"or give this run a results folder of its own with --out: "
                            f"{with_out(Path(f'{out_dir}-2'))}")
+
+
+def run_build_dir(out_dir: Path) -> Path:
+    """The build folder of a run that writes `out_dir`, when it is given no --build-dir: where its
+    drop is unpacked and its submissions and the reference are built. One per results folder, so
+    two runs that may both run (each holds its results folder's lock) never build or unpack in one
+    folder: build/<the results folder's name>-<8 hex digits of its real path>, e.g.
+    build/results-hw2-3f9a0c1d. Any path to the same results folder gives the same one."""
+    real = Path(out_dir).resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", real.name).strip("._-")[:40] or "results"
+    return config.DEFAULT_BUILD / f"{name}-{hashlib.sha256(os.fsencode(real)).hexdigest()[:8]}"
+
+
+def drop_lock(build_dir: Path, out_dir: Path, *, own: bool) -> RunLock:
+    """Unpacking a drop replaces the folders a run grades from: one run at a time unpacks into a
+    build folder. A build folder of the results folder's own (`own`: run_build_dir) is met only by
+    a second run on that results folder, refused as folder_lock refuses it; a --build-dir that
+    two runs share is refused by name."""
+    path = Path(build_dir) / ".drop.lock"
+    if own:
+        same = folder_lock(out_dir)
+        return RunLock(path, same.what, same.instead)
+    drop = Path(build_dir) / config.DROP_SCRATCH
+    return RunLock(path, f"the unpacked drop in {drop}",
+                   instead="or give this run a build folder of its own with --build-dir (without "
+                           "--build-dir, each results folder has its own)")
 
 
 def with_out(out_dir: Path) -> str:

@@ -24,6 +24,10 @@ class ResultUnreadable(ValueError):
     """A result file that cannot be used: missing, truncated, not JSON, or of a newer schema."""
 
 
+class ResultTooNew(ResultUnreadable):
+    """A result file of a newer schema than this grader reads: update the grader, or regrade."""
+
+
 class RunFileError(ValueError):
     """The run file is missing, truncated or not what a grader wrote."""
 
@@ -130,6 +134,11 @@ class SubmissionResult:
     audit_notes: tuple[str, ...] = ()
     # The timed calls' kernels with their share of the time and where each is defined.
     kernels: tuple[KernelShare, ...] = ()
+    # Read from a file another grader version wrote (read_result): what could not be read, and
+    # how to refresh it; never written (a report's note, like `no_result`). `partial`: its cases
+    # or timing could not be read, so its status is shown but it is never scored (a regrade is).
+    version_note: str = ""
+    partial: bool = False
 
     @property
     def launched(self) -> tuple[str, tuple[tuple[str, int], ...]] | None:
@@ -216,8 +225,9 @@ def write_result(out_dir: Path, result: SubmissionResult, *, path: Path | None =
     return path
 
 
-def load_result(path: Path) -> SubmissionResult:
-    """One result file, or ResultUnreadable saying what is wrong with it."""
+def _result_data(path: Path) -> dict:
+    """The JSON object of a result file; ResultUnreadable when it is missing, damaged (empty,
+    truncated, not JSON, not an object), ResultTooNew when a newer grader wrote it."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -233,8 +243,15 @@ def load_result(path: Path) -> SubmissionResult:
         raise ResultUnreadable(f"not a result (a JSON {type(data).__name__})")
     schema = data.get("schema")
     if isinstance(schema, int) and schema > SCHEMA_VERSION:
-        raise ResultUnreadable(f"written by a newer grader (schema {schema}; this grader reads "
-                               f"schema {SCHEMA_VERSION}): update the grader, or regrade")
+        raise ResultTooNew(f"written by a newer grader (schema {schema}; this grader reads "
+                           f"schema {SCHEMA_VERSION}): update the grader, or regrade")
+    return data
+
+
+def load_result(path: Path) -> SubmissionResult:
+    """One result file of this grader, or ResultUnreadable saying what is wrong with it."""
+    data = _result_data(path)
+    schema = data.get("schema")
     if schema != SCHEMA_VERSION:
         raise ResultUnreadable(f"not a result of this grader (schema {schema!r})")
     try:
@@ -243,6 +260,71 @@ def load_result(path: Path) -> SubmissionResult:
         raise ResultUnreadable(f"field {e.args[0]!r} is missing") from None
     except (ValueError, TypeError, AttributeError) as e:
         raise ResultUnreadable(f"a field has a value this grader does not know ({e})") from None
+
+
+_UNREADABLE_FIELD = (KeyError, ValueError, TypeError, AttributeError)
+_REQUIRED = ("label", "kind", "role", "message")
+_SCORED_BY = ("cases", "timing")   # every grader writes both (timing: null when not timed)
+
+
+def read_result(path: Path, entry: dict) -> SubmissionResult:
+    """The result of `entry` (a run roster's line: id, role, kind, label) as the reports show
+    it: this grader's, or what can be read of one another grader version wrote (an older
+    schema, a field missing, a value this grader does not know), with a note on it. Only a
+    missing, damaged or newer file raises ResultUnreadable: another version's is never dropped."""
+    data = _result_data(path)
+    if data.get("schema") == SCHEMA_VERSION:
+        try:
+            return SubmissionResult.from_dict(data)
+        except _UNREADABLE_FIELD:
+            pass
+    if not ({"status", "id"} & set(data)):
+        raise ResultUnreadable("not a result (no id and no status)")
+    return _salvage(data, entry)
+
+
+def _salvage(data: dict, entry: dict) -> SubmissionResult:
+    """What can be read of another grader version's result: each field this grader cannot
+    read is left out and named in the note; a status it does not know reads as no_result (not
+    graded until regraded), and its cases, if readable, are kept. With its cases or timing
+    missing or unreadable it is `partial`: shown with its status, never scored."""
+    id, schema = entry["id"], data.get("schema")
+    problems = [] if schema == SCHEMA_VERSION else [
+        f"schema {schema}" if schema is not None else "no schema number"]
+    fallback = dict(label=entry.get("label") or id, kind=entry.get("kind", "invalid"),
+                    role=entry.get("role", "student"), message="")
+    base = dict(id=id, status=data.get("status"))
+    for field in _REQUIRED:
+        value = data.get(field)
+        if not isinstance(value, str) or (field == "role" and value not in ("student", "baseline")):
+            problems.append(f"field {field!r} {'missing' if value is None else 'unreadable'}")
+            value = fallback[field]
+        base[field] = value
+    known = {s.value for s in Status}
+    if base["status"] not in known:
+        problems.append("field 'status' missing" if base["status"] is None else
+                        f"status {base['status']!r} unknown to this grader")
+        base["status"] = NO_RESULT_STATUS.value
+    kept = {}
+    for field, value in data.items():
+        if field in base or field in ("id", "schema"):
+            continue
+        try:
+            if field == "wall_s" and not isinstance(value, (int, float)):
+                raise TypeError(field)
+            SubmissionResult.from_dict({**base, field: value})
+            kept[field] = value
+        except _UNREADABLE_FIELD:
+            problems.append(f"field {field!r} unreadable")
+    problems += [f"field {field!r} missing" for field in _SCORED_BY if field not in data]
+    older = isinstance(schema, int) and schema < SCHEMA_VERSION or schema is None
+    note = (f"written by {'an older grader' if older else 'another grader version'} "
+            f"({'; '.join(problems)}): regrade with --only {id} to refresh")
+    result = SubmissionResult.from_dict({**base, **kept})
+    return dataclasses.replace(
+        result, message=f"[{note}] {result.message}".rstrip(), version_note=note,
+        no_result=note if result.status is NO_RESULT_STATUS else "",
+        partial=any(field not in kept for field in _SCORED_BY))
 
 
 def read_run(out_dir: Path, *, complete: bool = True) -> dict:
@@ -283,11 +365,12 @@ def _missing_reason(run: dict) -> str:
 
 
 def read_results(out_dir: Path, run: dict | None = None) -> list[SubmissionResult]:
-    """The results of the run in `out_dir`: one per entry of its roster, in roster order, a
-    placeholder (`no_result`, NO_RESULT_STATUS) for an entry whose file is missing, unreadable,
-    of a newer schema, or graded with another key than the run's; results of other runs in the
-    folder are left out. A run file from before rosters (no 'roster') reads as it always did:
-    every readable result file in the folder. RunFileError for a truncated run file."""
+    """The results of the run in `out_dir`: one per entry of its roster, in roster order, as
+    read_result reads them (another grader version's with a note), a placeholder (`no_result`,
+    NO_RESULT_STATUS) for an entry whose file is missing, damaged, of a newer schema, or graded
+    with another key than the run's; results of other runs in the folder are left out. A run
+    file from before rosters (no 'roster') reads every result file in the folder, a damaged one
+    as a placeholder. RunFileError for a truncated run file."""
     if run is None:
         run = read_run(out_dir, complete=False) if (out_dir / RUN_FILE).exists() else {}
     if not isinstance(run.get("roster"), list):
@@ -298,9 +381,9 @@ def read_results(out_dir: Path, run: dict | None = None) -> list[SubmissionResul
             continue
         path = out_dir / entry["result"]
         try:
-            result = load_result(path)
+            result = read_result(path, entry)
         except ResultUnreadable as e:
-            reason = _missing_reason(run) if str(e) == "no such file" else str(e)
+            reason = _missing_reason(run) if str(e) == "no such file" else _unreadable_reason(e, entry)
             results.append(placeholder(entry, path, reason))
             continue
         want = entry.get("key")
@@ -310,6 +393,13 @@ def read_results(out_dir: Path, run: dict | None = None) -> list[SubmissionResul
             continue
         results.append(result)
     return results
+
+
+def _unreadable_reason(e: ResultUnreadable, entry: dict) -> str:
+    """Why a result file cannot be read, and the fix: a damaged one is graded again."""
+    if isinstance(e, ResultTooNew):
+        return str(e)
+    return f"{e}; regrade it with --only {entry['id']} to replace it"
 
 
 def read_gpu_copies(out_dir: Path, run: dict | None = None) -> list[SubmissionResult]:
@@ -332,14 +422,17 @@ def read_gpu_copies(out_dir: Path, run: dict | None = None) -> list[SubmissionRe
 
 
 def _every_result(out_dir: Path) -> list[SubmissionResult]:
+    """Every result file in the folder (a run file from before rosters), none left out."""
     results = []
     for path in sorted(out_dir.glob("*.json")) + sorted((out_dir / "baselines").glob("*.json")):
         if path.name.startswith("_"):
             continue
+        entry = dict(id=path.stem, label=path.stem, kind="invalid",
+                     role="baseline" if path.parent.name == "baselines" else "student")
         try:
-            results.append(load_result(path))
-        except ResultUnreadable:
-            continue
+            results.append(read_result(path, entry))
+        except ResultUnreadable as e:
+            results.append(placeholder(entry, path, _unreadable_reason(e, entry)))
     return results
 
 

@@ -138,6 +138,9 @@ class BuildResult:
     # Built for a student's `check` on their own machine (build/messages.StudentCheck): its
     # messages speak of that machine and name the limit to raise, and so do the hints.
     students_machine: bool = False
+    # It timed out twice on an overloaded machine (ENVIRONMENT_ERROR): the run builds it once more
+    # when the load has fallen (schedule/workers.py CourseRun.retry_round).
+    under_load: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -161,7 +164,9 @@ class TimingStats:
     tflops: float             # 4·B·H·S²·D / median
     warmup_calls: int
     budget_s: float
-    stopped_by: str           # 'rse', 'coarse' (config.TIMING_COARSE_*), 'budget' or 'max_reps'
+    # 'rse', 'coarse' (config.TIMING_COARSE_* or TIMING_SLOW_*), 'budget', 'bound' (the stage's
+    # limit near: Limits.time_s) or 'max_reps'
+    stopped_by: str
     wall_s: float             # wall-clock time of the timed loop
     wall_median_ms: float = 0.0    # the harness's host clock alone: "go" to the reply
     fence_median_ms: float = 0.0   # the harness's GPU clock alone: to its first GPU work after the reply

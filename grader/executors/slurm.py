@@ -37,6 +37,7 @@ from grader.isolation.device import DeviceInfo, detect
 from grader.stages.context import now
 from grader.course.policy import POLICY_FILE, PolicyError, load_policy
 from grader.report.progress import Progress
+from grader.report.summary import exit_status, outcome_text, run_outcome
 from grader.course.results import read_results, write_json_atomic
 from grader.course.runs import (WORKERS_FILE, LockHeld, RunJournal, RunSession, check_only,
                                 previous_run_note)
@@ -192,7 +193,8 @@ def _head_run(subs, *, out: Path, args, baselines, cases, opts: SlurmOptions, ex
     progress.close(interrupted=code == 130, missing=sum(1 for r in results if r.no_result))
     for line in not_graded(results, follow.views, spec):
         print(line, file=sys.stderr)
-    _report(out, args, results, run, policy)
+    code = exit_status(code, results)   # as a local run's (grader/report/summary.py)
+    _report(out, args, results, run, policy, code=code)
     return code
 
 
@@ -200,6 +202,7 @@ def _worker_spec(args, *, out: Path, token: str, subs, baselines, workers: int) 
     """What every task gets: this run's inputs, every path absolute."""
     return WorkerSpec(out=out.resolve(), token=token, subs=tuple(subs), baselines=tuple(baselines),
                       workers=workers, build_dir=args.build_dir.resolve(),
+                      cache_root=args.cache_root.resolve(),
                       cases=args.cases.resolve(),
                       hidden=None if args.no_hidden else args.hidden.resolve(), cpu=args.cpu,
                       jobs=args.jobs, build_cache=not args.no_build_cache,
@@ -221,14 +224,17 @@ def _run_record(args, *, head: DeviceInfo, cases, subs, baselines, opts: SlurmOp
                 executor=dict(kind="slurm", partition=opts.partition, workers=opts.workers))
 
 
-def _report(out: Path, args, results, run: dict, policy) -> None:
-    """The pages and exports, and the text table, exactly as a local run writes them."""
+def _report(out: Path, args, results, run: dict, policy, *, code: int) -> None:
+    """The pages and exports, the text table and the run's summary, exactly as a local run
+    writes them."""
     from grader.report.pages import where_reports_are
     from grader.report.pages import terminal_table, write_reports
     paths = write_reports(out, archive=True, roster=getattr(args, "roster", None),
                           results=results, policy=policy)
     print(terminal_table(out, results, run))   # with the instructors' review decisions applied
     print(where_reports_are(paths, out))
+    print(outcome_text(run_outcome(out, results, run, policy=policy,
+                                   roster=getattr(args, "roster", None)), out_dir=out, code=code))
 
 
 # ---------------------------------------------------------------- check on the course's nodes
@@ -237,7 +243,9 @@ def _report(out: Path, args, results, run: dict, policy) -> None:
 def check_argv(args, out: Path) -> list[str]:
     """The `check` command line for the node, every path absolute, without the Slurm options."""
     argv = ["check", str(args.path.resolve()), "--out", str(out.resolve()),
-            "--build-dir", str(args.build_dir.resolve()), "--cases", str(args.cases.resolve())]
+            "--cases", str(args.cases.resolve())]
+    if args.build_dir is not None:   # else the node's check derives it from --out, as here
+        argv += ["--build-dir", str(args.build_dir.resolve())]
     argv += ["--no-hidden"] if args.no_hidden else ["--hidden", str(args.hidden.resolve())]
     argv += [flag for flag, on in (("--cpu", args.cpu), ("--no-build-cache", args.no_build_cache),
                                    ("--calibration", args.calibration),

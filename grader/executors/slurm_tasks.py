@@ -49,6 +49,7 @@ class WorkerSpec:
     policy: Path | None = None
     force: bool = False
     only: tuple[str, ...] | None = None
+    cache_root: Path | None = None   # the build cache's folder is in it (None: build_dir)
 
     def task_file(self, task: int) -> Path:
         return task_folder(self.out, self.token) / f"task-{task}.json"
@@ -158,7 +159,7 @@ def _build_cache(spec: WorkerSpec, sandbox: Sandbox):
     if not spec.build_cache:
         return None
     from grader.build.cache import FOLDER as CACHE_FOLDER, BuildCache
-    return BuildCache(spec.build_dir / CACHE_FOLDER, sandboxed=sandbox.active)
+    return BuildCache((spec.cache_root or spec.build_dir) / CACHE_FOLDER, sandboxed=sandbox.active)
 
 
 # ---------------------------------------------------------------- check on the course's nodes

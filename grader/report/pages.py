@@ -28,10 +28,10 @@ from grader.report.feedback import status_detail, status_label
 from grader.report.privacy import Redactor
 from grader.report.rows import (Row, baselines_by_gpu, build_rows, counts_line, gpu_agreement,
                                 reported, run_gpus, why_no_grades)
+from grader.report.summary import SUMMARY_FILE, run_outcome, waiting_for_review
 
 TEMPLATES = config.REPO_ROOT / "templates"
 RUN_FILE = "_run.json"
-SUMMARY_FILE = "_summary.json"
 HISTORY_DIR = "history"
 
 
@@ -170,7 +170,9 @@ def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool 
     joined = join(roster, [r for r in rows if r.result.role == "student"]) if roster else None
     paths = dict(summary=out_dir / SUMMARY_FILE, leaderboard=out_dir / "leaderboard.html",
                  students=out_dir / "leaderboard-students.html")
-    write_json_atomic(paths["summary"], summary(rows, run, gpus=gpus, review=queue))
+    outcome = run_outcome(out_dir, graded, run, policy=policy, roster=roster, copies=copies)
+    write_json_atomic(paths["summary"], summary(rows, run, gpus=gpus, review=queue,
+                                                outcome=outcome.to_dict()))
     history = [dict(id=h, href=f"{HISTORY_DIR}/{h}/leaderboard.html") for h in earlier]
     _write_text_atomic(paths["leaderboard"], render_leaderboard(rows, run, history=history, joined=joined,
                                                                 gpus=gpus, review=queue,
@@ -188,12 +190,16 @@ def write_reports(out_dir: Path, *, policy: Policy | None = None, archive: bool 
 
 
 def summary(rows: list[Row], run: dict, *, gpus: dict | None = None,
-            review: list[QueueEntry] = ()) -> dict:
+            review: list[QueueEntry] = (), outcome: dict | None = None) -> dict:
+    """_summary.json: the run, the counts, the review queue, every row, and `outcome`
+    (summary.Outcome: what the run leaves to do, its lists whole)."""
     counts = {s.value: 0 for s in Status}
     for row in rows:
         if row.result.role == "student":
             counts[row.result.status.value] += 1
     extra = dict(gpus=gpus) if gpus else {}
+    if outcome is not None:
+        extra["outcome"] = outcome
     return dict(run=run, counts=counts, **extra, review=[dict(
         id=e.id, status=e.result.status.value, graded=e.graded.value, rank=e.rank,
         reasons=list(e.reasons), pending=e.pending, stale=e.stale,
@@ -245,8 +251,7 @@ def terminal_table(out_dir: Path, results: list[SubmissionResult], run: dict) ->
     shown = reported(out_dir, results)
     table = text_table(build_rows(shown, run=run, gpu_copies=copies),
                        gpus=gpu_agreement(shown, copies, run))
-    waiting = [e.id for e in review_queue(results, load_decisions(out_dir), top=0, with_source=False)
-               if e.pending and (e.graded is Status.REVIEW or e.stale)]
+    waiting = waiting_for_review(out_dir, results)
     if waiting:
         table += (f"\n{len(waiting)} submission{'s wait' if len(waiting) != 1 else ' waits'} for an "
                   f"instructor's review before ranking: python -m grader review --out {out_dir}")

@@ -184,8 +184,9 @@ GPU_AGREEMENT_PCT = 2.0   # the issue's bar: the same kernel's median on two GPU
 
 def is_scored(r: SubmissionResult) -> bool:
     """Whether `r` may get points: not when the grading machine decided its outcome (`not_run`,
-    `environment_error`: Status.scored)."""
-    return r.status.scored
+    `environment_error`: Status.scored), nor when another grader version's file lacked what
+    scores it (its cases or timing: SubmissionResult.partial)."""
+    return r.status.scored and not r.partial
 
 
 def why_no_grades(run: dict) -> str | None:

@@ -14,7 +14,7 @@ import time
 import traceback
 from collections import deque
 
-from grader.build.stage import build_submission
+from grader.build.stage import build_submission, machine_load
 from grader.common import config
 from grader.common.status import Status
 from grader.course.results import SubmissionResult, write_result
@@ -33,6 +33,7 @@ from grader.stages.context import GpuUnhealthy, GradeContext, now, student_check
 from grader.stages.folders import label_of
 from grader.stages.grade import grade_submission
 from grader.stages.judge import audit_build, source_verdict
+from grader.stages.run import overloaded
 from grader.stages.time import calibrate_protocol
 from grader.stages.turns import alone
 
@@ -187,6 +188,11 @@ class CourseRun:
         self.reused = len(self.graded) < len(entries)   # some results of this run are kept: their cost
         self.errors: list[BaseException] = []
         self.throttle: BuildThrottle | None = None
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.first_left = len(self.to_build)   # builds of the first round not ended yet
+        self.again: list[Submission] = []      # to build again once the load falls (retry_round)
+        self.later: list = []                  # jobs to grade again once the load falls (again_later)
+        self.graded_again: set[int] = set()
 
     # ------------------------------------------------------------ results
 
@@ -223,10 +229,12 @@ class CourseRun:
                                      student_check=student_check(ctx, sub))
         return built if ctx.calibration else audit_build(sub, built, build_dir, self.sources[id(sub)])
 
-    def built(self, sub: Submission, future: concurrent.futures.Future) -> None:
+    def built(self, sub: Submission, future: concurrent.futures.Future, *,
+              again: bool = False) -> None:
         """A build finished: its jobs go to the workers (a student's to any, the solution's
-        each to its own GPU)."""
-        queued = []
+        each to its own GPU). One the overloaded machine failed is built again later in the run
+        (retry_round), its jobs still pending; `again`: that second build."""
+        queued, finished = [], True
         try:
             if self.jobs.stopped or future.cancelled():
                 return
@@ -235,11 +243,50 @@ class CourseRun:
             except Exception as e:   # a grader bug must not stop the other submissions
                 build_result = BuildResult(Status.BUILD_ERROR, "none", 0.0,
                                            message=f"grader error while building: {e!r}")
+            if not again and build_result.under_load:
+                with self.lock:
+                    self.again.append(sub)
+                finished = False
+                return
             queued = [(self.slot_of[e.gpu] if e.role == "baseline" else None,
                        ("submission", e, sub, build_result))
                       for e in self.by_sub[id(sub)] if e.action == "grade"]
         finally:
-            self.jobs.put(queued, built=True)
+            self.jobs.put(queued, built=finished)
+            if not again:
+                self.first_round_ended()
+
+    def first_round_ended(self) -> None:
+        """One build of the first round ended; after the last, the ones to build again start."""
+        with self.lock:
+            self.first_left -= 1
+            start = self.first_left == 0 and bool(self.again)
+        if start:
+            try:
+                self.pool.submit(self.retry_round)
+            except RuntimeError:   # the pool is shut: the run is stopping
+                pass
+
+    def retry_round(self) -> None:
+        """The builds that timed out twice on an overloaded machine (BuildResult.under_load),
+        built once more after every other build of the run, once the load per core has fallen
+        under config.BUILD_RETRY_CALM (or after config.BUILD_RETRY_WAIT_S): what they get then
+        is their verdict, an environment_error again only if the machine is still overloaded."""
+        subs = list(self.again)
+        self.ctx.progress.note(
+            f"building {len(subs)} again that timed out while the machine was overloaded "
+            f"({', '.join(s.id for s in subs[:5])}{' ...' if len(subs) > 5 else ''}): first "
+            f"waiting up to {config.BUILD_RETRY_WAIT_S:.0f} s for the load to fall")
+        deadline = time.monotonic() + config.BUILD_RETRY_WAIT_S
+        while machine_load() >= config.BUILD_RETRY_CALM and time.monotonic() < deadline:
+            if self.halted.wait(2.0) or self.jobs.stopped:
+                return
+        for s in subs:
+            try:
+                self.pool.submit(self.build, s).add_done_callback(
+                    lambda f, s=s: self.built(s, f, again=True))
+            except RuntimeError:   # the pool is shut: the run is stopping
+                return
 
     # ------------------------------------------------------------ GPU workers
 
@@ -277,6 +324,8 @@ class CourseRun:
                     early().queue(list(ahead))
                     self.grade_job(job, worker)
                     job = ahead.popleft() if ahead and not jobs.stopped else jobs.take(slot)
+                    if job is None:   # the queue is done: what the overloaded machine failed
+                        job = self.again_later()
             except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
                 self.errors.append(e)
                 jobs.stop()
@@ -297,7 +346,29 @@ class CourseRun:
         except Exception as e:   # a grader bug: this submission's result says so, then go on
             worker.progress.note(f"{sub.id}: grader error\n{traceback.format_exc(limit=12)}")
             result = _grader_error(sub, build_result, e, started)
-        self.record(result, entry, worker if build_result.status is Status.PASS else None)
+        with self.lock:
+            later = overloaded(result) and id(job) not in self.graded_again
+            if later:   # graded once more at the end of the run, once the load has fallen
+                self.graded_again.add(id(job))
+                self.later.append(job)
+        if not later:
+            self.record(result, entry, worker if build_result.status is Status.PASS else None)
+
+    def again_later(self):
+        """A job whose cases the load rule ended (stages/run.py overloaded), to grade once more
+        now that the queue is done, after waiting up to config.BUILD_RETRY_WAIT_S for the load per
+        core to fall under config.BUILD_RETRY_CALM; None when there is none."""
+        with self.lock:
+            if not self.later:
+                return None
+            job = self.later.pop(0)
+        self.ctx.progress.note(f"{job[1].id}: graded again, its cases having timed out while "
+                               f"the machine was overloaded")
+        deadline = time.monotonic() + config.BUILD_RETRY_WAIT_S
+        while machine_load() >= config.BUILD_RETRY_CALM and time.monotonic() < deadline:
+            if self.halted.wait(2.0) or self.jobs.stopped:
+                return None
+        return job
 
     # ------------------------------------------------------------ the run
 
@@ -306,7 +377,7 @@ class CourseRun:
         if build_jobs is None:
             build_jobs = default_build_jobs(ctx.cpus)
         self.throttle = build_throttle(build_jobs, ctx, self.jobs.waiting)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs))
+        pool = self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, build_jobs))
         threads = [threading.Thread(target=self.work, args=(slot, w), name=f"gpu-worker-{slot}",
                                     daemon=True) for slot, w in enumerate(self.workers)]
         set_gpu_workers(len(self.workers))

@@ -43,7 +43,8 @@ class TimedRun:
 def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
     """What the harness's time stage needs beyond the spec's common fields."""
     return dict(case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
-                coarse_ms=coarse_ms(case, ctx.device), protocol=ctx.protocol.to_dict(),
+                coarse_ms=coarse_ms(case, ctx.device), slow_ms=slow_ms(case, ctx.device),
+                protocol=ctx.protocol.to_dict(),
                 precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]),
                 deadline_s=ctx.limits.time_s, result=str(work / "time.json"))
 
@@ -93,6 +94,13 @@ def coarse_ms(case: Case, device: DeviceInfo) -> float | None:
     return case.flops / (device.matmul_tflops * 1e12 * config.TIMING_COARSE_FRACTION) * 1e3
 
 
+def slow_ms(case: Case, device: DeviceInfo) -> float | None:
+    """The median above which a call is placed on config.TIMING_SLOW_CALLS calls, after one
+    warm-up (config.TIMING_SLOW_FACTOR times coarse_ms); None where the peak is unknown."""
+    coarse = coarse_ms(case, device)
+    return None if coarse is None else coarse * config.TIMING_SLOW_FACTOR
+
+
 PROTOCOL_FILE = "_protocol.json"   # the run's ProtocolCost, for the rows a resumed run keeps
 
 
@@ -121,12 +129,14 @@ def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCos
                 return cost
         except (OSError, ValueError, TypeError, AttributeError):
             pass
-    cost = _measure_protocol(ctx)
-    write_json_atomic(saved, dict(where=where, cost=cost.to_dict()))
+    cost, breakdown = _measure_protocol(ctx)
+    # breakdown: each calibration subject's medians (wall, fence, its own events), for the figures
+    # of bench/timing_trust.py (each trusted kernel's cost beside the one subtracted)
+    write_json_atomic(saved, dict(where=where, cost=cost.to_dict(), breakdown=breakdown))
     return cost
 
 
-def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
+def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
     early().settle()
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=scratch()) as tmp:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
@@ -135,10 +145,10 @@ def _measure_protocol(ctx: GradeContext) -> ProtocolCost:
                                      l2_bytes=ctx.device.l2_bytes)
     if record is None or "protocol" not in record:
         ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")
-        return ProtocolCost()
+        return ProtocolCost(), {}
     cost = ProtocolCost.from_dict(record["protocol"])
     ctx.progress.note(f"protocol calibrated: {cost.idle_ms:.3f} ms per call without GPU work, "
                       f"{cost.busy_ms:.3f} ms around {cost.busy_work_ms:.1f} ms of attention kernels "
                       f"(round trip {record['rtt_ms']:.3f} ms, GPU context switches, output copy), "
                       f"subtracted from every timed call; {ctx.cpus.describe()}")
-    return cost
+    return cost, record.get("breakdown") or {}

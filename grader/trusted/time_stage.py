@@ -20,7 +20,7 @@ from grader.trusted.gpu_watch import BusyWatch, gpu_helpers
 from grader.trusted.call_checks import new_verify, verify_call, _keep_sample, check_samples
 from grader.trusted.timed_calls import (Call, _perf_counter, _urandom, round_trip_ms, open_call,
                                         warm_up, _reported_figures, _median_of, corrected,
-                                        coarse_enough)
+                                        coarse_enough, slow_enough)
 from grader.trusted.run_stage import phases
 
 
@@ -42,10 +42,10 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
         rtt_ms = round_trip_ms(link, deadline)
         ends.append(("rtt", time.monotonic()))
         cost = ProtocolCost.from_dict(spec.get("protocol"))
-        first = warm_up(link, call, deadline)
+        first = warm_up(link, call, deadline, slow_ms=spec.get("slow_ms"))
         ends.append(("warmup", time.monotonic()))
         (walls, fences, times, samples, helpers, stopped_by, loop_start,
-         busy) = _timed_loop(spec, link, call, case, cost, pick, result["verify"])
+         busy) = _timed_loop(spec, link, call, case, cost, pick, result["verify"], deadline)
         ends.append(("loop", time.monotonic()))
         call.parts["rest"] = (_perf_counter() - loop_start) - sum(call.parts.values())
         report = link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
@@ -59,7 +59,7 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
                     output=link.output())
     link.close()
     reported = [_reported_figures(r) for r in call.reported()[first:]]
-    stats = summarize(times, flops=case.flops, warmup_calls=config.TIMING_WARMUP_CALLS,
+    stats = summarize(times, flops=case.flops, warmup_calls=first,
                       budget_s=spec["budget_s"], stopped_by=stopped_by,
                       wall_s=_perf_counter() - loop_start,
                       wall_median_ms=statistics.median(walls),
@@ -86,9 +86,10 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
 
 
 def _timed_loop(spec: dict, link: Link, call: Call, case: Case, cost: ProtocolCost,
-                pick: random.Random, verify: dict) -> tuple:
+                pick: random.Random, verify: dict, deadline: float) -> tuple:
     """time_case's timed calls, each output checked after its reply, until a stopping rule (the
-    spec's max_calls or TIMING_MAX_REPS, the target precision, a coarse placing, the budget):
+    spec's max_calls or TIMING_MAX_REPS, the target precision, a coarse or slow placing, the
+    budget, or the stage's `deadline` too near for one more call and the spot checks: 'bound'):
     (walls, fences, times, samples kept, helpers seen, what stopped it, when it began, what NVML
     saw of the GPU meanwhile)."""
     device = spec["device"]
@@ -117,8 +118,14 @@ def _timed_loop(spec: dict, link: Link, call: Call, case: Case, cost: ProtocolCo
         if len(times) >= config.TIMING_MIN_REPS and relative_standard_error(times) < config.TIMING_TARGET_RSE:
             stopped_by = "rse"
             break
-        if coarse_enough(times, spec.get("coarse_ms")):
+        if coarse_enough(times, spec.get("coarse_ms")) or slow_enough(times, spec.get("slow_ms")):
             stopped_by = "coarse"
+            break
+        if not _may_stop_early(times, spec):
+            continue
+        if time.monotonic() + 2 * (max(walls[-1], fences[-1]) / 1e3) + config.TIMING_SPOT_RESERVE_S \
+                > deadline:   # one more call might not end in time: what was timed places it
+            stopped_by = "bound"
             break
         if _perf_counter() - loop_start > spec["budget_s"] and len(times) >= 2:
             stopped_by = "budget"
@@ -127,6 +134,19 @@ def _timed_loop(spec: dict, link: Link, call: Call, case: Case, cost: ProtocolCo
     busy = watch.stop(calls=len(walls))
     call.parts["helpers"] += _perf_counter() - t
     return walls, fences, times, samples, helpers, stopped_by, loop_start, busy
+
+
+def _may_stop_early(times: list[float], spec: dict) -> bool:
+    """Whether the budget or the stage's limit may end the loop now: after TIMING_MIN_REPS calls
+    (or the spec's max_calls), or before them only for calls slower than coarse_ms. Otherwise a
+    kernel fast in its first calls could end the loop with one long call and be ranked on a few
+    calls of a cool GPU (the first 10 of 100 calls run about 5% faster than the last 10: notes/
+    throughput.md, session 17); it is called on, and a limit it passes is its timeout. Without a
+    measured peak (coarse_ms None: no GPU) nothing is ranked, and the budget ends the loop."""
+    if len(times) >= min(config.TIMING_MIN_REPS, spec.get("max_calls", config.TIMING_MAX_REPS)):
+        return True
+    coarse = spec.get("coarse_ms")
+    return coarse is None or statistics.median(times) > coarse
 
 
 def time_prepared(spec: dict) -> dict:

@@ -84,16 +84,33 @@ def open_call(spec: dict, deadline: float,
 
 
 def warm_up(link: Link, call: "Call", deadline: float,
-            calls: int = config.TIMING_WARMUP_CALLS) -> int:
+            calls: int = config.TIMING_WARMUP_CALLS, slow_ms: float | None = None) -> int:
     """The warm-up calls before timed ones, the profiler turned on before the last of them (the
-    first call under the profiler pays for its start). Timed calls run with it on. Returns the
-    number of calls made so far: the first timed call's place in Call.reported()."""
+    first call under the profiler pays for its start). Timed calls run with it on. A first call
+    slower than `slow_ms` is the only warm-up (bounded cost: a slow call is timed on a few calls,
+    config.TIMING_SLOW_CALLS); the profiler then starts with the first timed call, which a call
+    of seconds does not feel. Returns the number of calls made so far: the first timed call's
+    place in Call.reported()."""
     for i in range(calls):
         if i == calls - 1:
-            call.profiled_from = _perf_counter()   # what the profiler covers starts after this
-            link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
-        call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
+            _profile_on(link, call, deadline)
+        clock, _ = call.run(seed=int.from_bytes(_urandom(8), "little") >> 1)
+        if i < calls - 1 and slow_ms is not None and max(clock.wall_ms, clock.fence_ms()) > slow_ms:
+            _profile_on(link, call, deadline)
+            break
     return len(call.sent)
+
+
+def _profile_on(link: Link, call: "Call", deadline: float) -> None:
+    call.profiled_from = _perf_counter()   # what the profiler covers starts after this
+    link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
+
+
+def slow_enough(times: list[float], slow_ms: float | None) -> bool:
+    """A call so slow (median above `slow_ms`) that config.TIMING_SLOW_CALLS calls place it: its
+    rank is far below every fast one's, and more calls would hold the GPU for minutes."""
+    return (slow_ms is not None and len(times) >= config.TIMING_SLOW_CALLS
+            and statistics.median(times) > slow_ms)
 
 
 def coarse_enough(times: list[float], coarse_ms: float | None) -> bool:
