@@ -39,7 +39,6 @@ def grade_examples(tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, 
 @pytest.mark.skipif(not has_nvcc(), reason="compile checks need nvcc")
 def test_examples_without_a_gpu(tmp_path):
     proc, results = grade_examples(tmp_path, "--cpu", "--no-solution")
-    assert proc.returncode == 0, proc.stderr[-3000:]
     expected = {name: v["cpu"] for name, v in expected_verdicts().items()}
     if importlib.util.find_spec("triton") is None:   # the machine's fault, never the student's
         expected["triton_flash"] = "environment_error"
@@ -51,6 +50,8 @@ def test_examples_without_a_gpu(tmp_path):
         assert all("TileLang lowered attention_kernel" in c["message"] or "too large" in c["message"]
                    for c in results["tilelang_flash"]["cases"])
     assert {name: r["status"] for name, r in results.items()} == expected
+    # 4: an entry with no final verdict (a module the set-up did not install here)
+    assert proc.returncode == (4 if "environment_error" in expected.values() else 0), proc.stderr[-3000:]
     assert results["naive_cuda"]["build"]["mode"] == "compile_only"
     assert "not run: no CUDA device" in results["naive_cuda"]["message"]
     assert "m_nwe" in results["build_error"]["message"]

@@ -125,11 +125,12 @@ def graded(tmp_path_factory):
 
 def test_grading_finishes_and_every_verdict_is_right(graded):
     proc, out = graded
-    assert proc.returncode == 0, proc.stderr[-3000:]
     got = {name: json.loads((out / f"{name}.json").read_text())["status"] for name in EXPECTED}
     expected = dict(EXPECTED)
     if importlib.util.find_spec("triton") is None:   # the machine's fault, never the student's
         expected["segfaults"] = "environment_error"
+    # 4: finished with an entry that has no final verdict (docs/instructor-guide.md, Exit status)
+    assert proc.returncode == (4 if "environment_error" in expected.values() else 0), proc.stderr[-3000:]
     assert got == expected
 
 

@@ -361,8 +361,8 @@ def test_the_kits_set_up_keeps_pips_output_in_a_log(unpacked, tmp_path):
     log = kit / ".venv" / "setup.log"
     failed = set_up("setup_log_probe", "no_such_package_for_this_test")
     assert failed.returncode != 0, failed.stdout[-3000:]
-    assert ("bootstrap: pip install failed, so set-up stopped; pip's output is in .venv/setup.log, "
-            "whose last lines are:") in failed.stderr, failed.stderr[-3000:]
+    assert ("bootstrap: pip install failed, so set-up stopped; the set-up's output is in "
+            ".venv/setup.log, whose last lines are:") in failed.stderr, failed.stderr[-3000:]
     shown = [l for l in failed.stderr.splitlines() if "no_such_package_for_this_test" in l]
     assert any("No matching distribution found" in l for l in shown), failed.stderr[-3000:]
     assert all(l.startswith("    ") for l in shown)   # pip's lines only as the log's tail
@@ -372,7 +372,7 @@ def test_the_kits_set_up_keeps_pips_output_in_a_log(unpacked, tmp_path):
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-3000:]
     assert "bootstrap: installing setup_log_probe" in done.stdout
-    assert re.search(r"^bootstrap: ready in \d+ s \(torch .*\); pip's output: \.venv/setup\.log$",
+    assert re.search(r"^bootstrap: ready in \d+ s \(torch .*\); the set-up's log: \.venv/setup\.log$",
                      done.stdout, re.M), done.stdout
     assert [l for l in text.splitlines() if l.strip() and not l.startswith("bootstrap: ")] == []
     assert len(text.splitlines()) <= 8
