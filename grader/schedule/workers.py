@@ -277,10 +277,8 @@ class CourseRun:
             f"building {len(subs)} again that timed out while the machine was overloaded "
             f"({', '.join(s.id for s in subs[:5])}{' ...' if len(subs) > 5 else ''}): first "
             f"waiting up to {config.BUILD_RETRY_WAIT_S:.0f} s for the load to fall")
-        deadline = time.monotonic() + config.BUILD_RETRY_WAIT_S
-        while machine_load() >= config.BUILD_RETRY_CALM and time.monotonic() < deadline:
-            if self.halted.wait(2.0) or self.jobs.stopped:
-                return
+        if not self.calm():
+            return
         for s in subs:
             try:
                 self.pool.submit(self.build, s).add_done_callback(
@@ -364,11 +362,16 @@ class CourseRun:
             job = self.later.pop(0)
         self.ctx.progress.note(f"{job[1].id}: graded again, its cases having timed out while "
                                f"the machine was overloaded")
+        return job if self.calm() else None
+
+    def calm(self) -> bool:
+        """Wait until the load per core is under config.BUILD_RETRY_CALM, for at most
+        config.BUILD_RETRY_WAIT_S; False when the run stops meanwhile."""
         deadline = time.monotonic() + config.BUILD_RETRY_WAIT_S
         while machine_load() >= config.BUILD_RETRY_CALM and time.monotonic() < deadline:
             if self.halted.wait(2.0) or self.jobs.stopped:
-                return None
-        return job
+                return False
+        return True
 
     # ------------------------------------------------------------ the run
 
