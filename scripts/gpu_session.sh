@@ -21,8 +21,9 @@
 # lanes (COPIES, LANES, STOP_AFTER: a short course, then 1 GPU with lanes 3 and 1), lanes-warm
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
 # wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
-# probe (bench/protocol_probe.py --solution $PROBE_ARGS), course (COPIES, COURSE_STOP: the
-# 100-copy course on one GPU, cold), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
+# probe (bench/protocol_probe.py --solution $PROBE_ARGS), course (COPIES, COURSE_STOP, COURSE_OUT:
+# the 100-copy course on one GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
+# with each lane count in turn), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
 # it was started from.
 set -u
@@ -88,8 +89,15 @@ task() {
                         && cp bench/grader_bench_lanes_warm.json "$OUT/" ;;
         # issue 32: the 100-copy course on one GPU from a cold build cache (COURSE_STOP: the most
         # seconds it is given), and one kernel's course on 1 GPU and on 2 (TWO_STOP each)
-        course) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --stop-after ${COURSE_STOP:-900} --out bench/grader_bench_s22.json" \
-                    ; s=$?; cp bench/grader_bench_s22.json "$OUT/" 2>/dev/null; (exit $s) ;;
+        course) out=${COURSE_OUT:-bench/grader_bench_course.json}
+                make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --stop-after ${COURSE_STOP:-900} --out $out" \
+                    ; s=$?; cp "$out" "$OUT/" 2>/dev/null; (exit $s) ;;
+        # Triton's kernels compiled ahead, with no GPU, found by a run on the GPU (tests/test_ahead.py)
+        ahead) make env && .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_ahead.py -k "gpu or seed_its_run" ;;
+        # issue 32's lanes on the cold 100-copy course, each lane count from its own cold build
+        # cache, side by side on one machine (COPIES, LANES, LANES_STOP)
+        lanes-course) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --lanes ${LANES:-3 2 1} --stop-after ${LANES_STOP:-270} --out bench/grader_bench_s23_lanes.json" \
+                      && cp bench/grader_bench_s23_lanes.json "$OUT/" ;;
         two-gpus) make bench-grader COPIES="${COPIES:-60}" GPUS="0 0,1" BENCH_ARGS="--honest examples/triton_flash --no-baselines --stop-after ${TWO_STOP:-300} --out bench/grader_bench_s22_2gpu.json" \
                       ; s=$?; cp bench/grader_bench_s22_2gpu.json "$OUT/" 2>/dev/null \
                       ; tar czf "$OUT/two_gpus_results.tgz" build/bench-grader/results-*/*.json 2>/dev/null; (exit $s) ;;

@@ -141,6 +141,9 @@ class BuildResult:
     # It timed out twice on an overloaded machine (ENVIRONMENT_ERROR): the run builds it once more
     # when the load has fallen (schedule/workers.py CourseRun.retry_round).
     under_load: bool = False
+    # The folder of the Triton cache its kernels were compiled into during the build, with no GPU
+    # (grader/build/ahead.py): its GPU stages' JIT folder starts from a copy. "" when none.
+    compiled_ahead: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

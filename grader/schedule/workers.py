@@ -14,6 +14,7 @@ import time
 import traceback
 from collections import deque
 
+from grader.build.ahead import compile_ahead
 from grader.build.stage import build_submission, machine_load
 from grader.common import config
 from grader.common.status import Status
@@ -222,12 +223,18 @@ class CourseRun:
             if flagged:
                 return BuildResult(Status.FLAGGED, "none", 0.0, message=flagged)
         build_dir = ctx.build_dir / sub.build_namespace / sub.module_name
+        log_path = ctx.out_dir / "logs" / f"{sub.id}.build.log"
         with self.throttle.turn():
             built = build_submission(sub, build_dir=build_dir, device=ctx.device,
                                      limits=ctx.limits, sandbox=ctx.sandbox, cache=ctx.build_cache,
-                                     log_path=ctx.out_dir / "logs" / f"{sub.id}.build.log",
-                                     student_check=student_check(ctx, sub))
-        return built if ctx.calibration else audit_build(sub, built, build_dir, self.sources[id(sub)])
+                                     log_path=log_path, student_check=student_check(ctx, sub))
+            if ctx.calibration:
+                return built
+            # its Triton kernels compiled here, off the GPU, rather than in its turn on the GPU
+            built = compile_ahead(sub, built, build_dir=build_dir, device=ctx.device,
+                                  limits=ctx.limits, sandbox=ctx.sandbox, cases=list(ctx.cases),
+                                  log_path=log_path)
+        return audit_build(sub, built, build_dir, self.sources[id(sub)])
 
     def built(self, sub: Submission, future: concurrent.futures.Future, *,
               again: bool = False) -> None:

@@ -27,7 +27,7 @@ def prepare(sub: Submission, build: BuildResult, ctx: GradeContext, timed: Case)
     checks = health_checks_of(ctx)   # as it was before any of it began
     folders = contextlib.ExitStack()
     try:
-        jit = folders.enter_context(jit_cache(sub, ctx.limits))
+        jit = folders.enter_context(jit_cache(sub, ctx.limits, build))
         work = Path(folders.enter_context(work_folder(sub)))
         spec, spec_path = stages_spec(sub, build, runnable, ctx, work, jit, timed, prepare=True)
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.run_cpus, spare=False)

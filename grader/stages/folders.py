@@ -8,6 +8,7 @@ import contextlib
 import tempfile
 from pathlib import Path
 
+from grader.build.ahead import seed_jit_folder
 from grader.common import config
 from grader.common.text import clean, clean_line
 from grader.course.results import write_json_atomic
@@ -56,9 +57,10 @@ JIT_CACHE_VARS = {"TRITON_CACHE_DIR": "triton", "TILELANG_CACHE_DIR": "tilelang"
 
 
 @contextlib.contextmanager
-def jit_cache(sub: Submission, limits: config.Limits):
+def jit_cache(sub: Submission, limits: config.Limits, build: BuildResult | None = None):
     """The submission's JIT cache folder for its GPU stages (None for a CUDA build), watched
-    (grader/isolation/quota.py: the harnesses given it attach), removed after."""
+    (grader/isolation/quota.py: the harnesses given it attach), removed after. Its Triton cache
+    starts with what the build compiled ahead (BuildResult.compiled_ahead, build/ahead.py)."""
     if sub.kind is not Kind.PYTHON:
         yield None
         return
@@ -67,6 +69,8 @@ def jit_cache(sub: Submission, limits: config.Limits):
         folder = Path(tmp)
         for name in JIT_CACHE_VARS.values():
             (folder / name).mkdir()
+        if build is not None:
+            seed_jit_folder(build.compiled_ahead, folder / JIT_CACHE_VARS["TRITON_CACHE_DIR"])
         give_to_sandbox(folder)   # written as the sandbox's user
         yield folder
 

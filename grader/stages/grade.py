@@ -62,7 +62,7 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     # takes over a millisecond to get here (CI's 2-core machine), and making the JIT folder is
     # the run stage's work.
     waited_s = time.monotonic() - turn if waits else 0.0
-    with jit_cache(sub, ctx.limits) as jit:
+    with jit_cache(sub, ctx.limits, build) as jit:
         return over_quota(_grade_built(sub, build, ctx, source, jit, waited_s=waited_s), jit)
 
 

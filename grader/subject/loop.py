@@ -2,6 +2,8 @@
 
     python grader/subject/loop.py --setup JSON          (started by grader/trusted/harness.py)
     python grader/subject/loop.py --check-load TARGET_JSON   (the build stage's import check)
+    python grader/subject/loop.py --compile-ahead JSON       (Triton's kernels compiled with no GPU:
+                                                              grader/subject/ahead.py)
 
 The harness starts it with two pipes and four shared buffers (Q, K, V, O) as inherited file
 descriptors. After loading the submission it answers each request, one JSON line each way:
@@ -297,11 +299,33 @@ def prepare(subject: Subject) -> None:
     subject.reply(dict(event="loading"))   # from here on, what happens is the submission's
 
 
+def compile_ahead(request: dict) -> None:
+    """The build stage's second child for a Triton submission (grader/build/ahead.py): load it,
+    call it once per case shape with Triton compiling and launching nothing, print one line
+    "compiled ahead: " and the records as JSON, exit."""
+    from grader.subject.ahead import compile_cases
+    try:
+        fn = load(request["target"])
+        records = compile_cases(fn, request["shapes"], int(request["capability"]),
+                                float(request["deadline"]))
+    except BaseException as e:   # its import failed after all, or Triton differs: nothing kept
+        print(f"not compiled ahead: {type(e).__name__}: {str(e)[:300]}")
+        sys.stdout.flush()
+        os._exit(1)
+    print("compiled ahead: " + json.dumps(records))
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="grader/subject/loop.py")
     p.add_argument("--setup", help="JSON from the harness: device, pipes, buffers, target")
     p.add_argument("--check-load", help="JSON target: load it, report, exit (the build stage)")
+    p.add_argument("--compile-ahead", help="JSON: target, shapes, capability, deadline "
+                   "(grader/subject/ahead.py)")
     a = p.parse_args(argv)
+    if a.compile_ahead:
+        compile_ahead(json.loads(a.compile_ahead))
     if a.check_load:
         target = json.loads(a.check_load)
         try:
