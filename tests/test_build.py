@@ -231,6 +231,7 @@ def test_a_run_that_times_out_on_an_overloaded_machine_is_retried_then_the_machi
     runs, *_ = run_stage.run_cases_under_load(sub, None, [], ctx, None)
     assert len(calls) == 3 and "overloaded" in notes[0]
     assert runs["c1"]["status"] == "environment_error" and "not your" in runs["c1"]["message"]
+    assert runs["c1"]["overloaded"] and "overloaded" not in runs["c2"]
     assert runs["c2"]["status"] == "pass"
     # a hung submission's own threads load the machine while it runs: read after the stage, the
     # load is high; read before it, low. Its timeout stays its own, with no second try.
@@ -483,3 +484,24 @@ def test_a_checks_build_reports_its_progress_while_it_runs_and_a_courses_does_no
     seconds = [int(re.search(r", (\d+) s", l).group(1)) for l in lines]
     assert seconds == sorted(seconds) and seconds[-1] >= 5, lines   # it slept 6 s
     assert not [t for t in threading.enumerate() if t.name == "build-watch"]   # stopped with it
+
+
+def test_only_a_case_the_load_rule_ended_makes_a_result_the_overloaded_machine_s():
+    """stages/run.py overloaded reads the typed flag the load rule sets, never a message: a
+    submission cannot earn a second grading by printing the rule's words, nor lose one by
+    their rewording."""
+    import types
+    from grader.course.verdicts import CaseResult
+    from grader.stages.run import overloaded
+    words = "timed out twice, both times while the grading machine was overloaded, load 3.0"
+    def result(*cases):
+        return types.SimpleNamespace(status=Status.ENVIRONMENT_ERROR, cases=cases)
+    assert overloaded(result(CaseResult("c", Status.ENVIRONMENT_ERROR, "", overloaded=True)))
+    assert not overloaded(result(CaseResult("c", Status.ENVIRONMENT_ERROR, words)))
+    assert not overloaded(result(CaseResult("c", Status.RUNTIME_ERROR, words, overloaded=False)))
+    passed = types.SimpleNamespace(status=Status.PASS,
+                                   cases=(CaseResult("c", Status.ENVIRONMENT_ERROR, "", overloaded=True),))
+    assert not overloaded(passed)
+    # the flag survives the result file
+    case = CaseResult("c", Status.ENVIRONMENT_ERROR, "x", overloaded=True)
+    assert CaseResult.from_dict(case.to_dict()).overloaded

@@ -419,7 +419,6 @@ def test_a_submission_whose_cases_the_overloaded_machine_ended_is_graded_again_l
     """Issue 32: a result the load rule made the machine's (stages/run.py overloaded) is not
     written; it is graded once more after the queue, when the load has fallen, and that is its
     result. A second such result stands (environment_error, for the exit status to report)."""
-    from grader.stages.run import OVERLOADED
     graded: dict[str, int] = {}
     loads = iter([5.0, 0.3])
     honest = course.recorder.grade_submission
@@ -428,7 +427,8 @@ def test_a_submission_whose_cases_the_overloaded_machine_ended_is_graded_again_l
         graded[sub.id] = graded.get(sub.id, 0) + 1
         result = honest(sub, build, ctx, source)
         if sub.id == "s2" and graded[sub.id] == 1 or sub.id == "s4":
-            case = CaseResult("c", Status.ENVIRONMENT_ERROR, f"timed out twice, both times {OVERLOADED} 3.0")
+            case = CaseResult("c", Status.ENVIRONMENT_ERROR, "timed out twice under load",
+                              overloaded=True)
             return dataclasses.replace(result, status=Status.ENVIRONMENT_ERROR, cases=[case], timing=None)
         return result
 

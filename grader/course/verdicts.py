@@ -101,6 +101,9 @@ class CaseResult:
     run_s: float | None = None              # the submission's first call on this case
     peak_memory_bytes: int | None = None    # of the check (reference + comparison)
     launched: tuple[tuple[str, int], ...] = ()   # GPU kernels (or CPU operators) of one call: name, count
+    # Ended by the run stage's load rule (stages/run.py run_cases_under_load): an environment_error
+    # of the overloaded machine's, which the run grades once more when the load has fallen.
+    overloaded: bool = False
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

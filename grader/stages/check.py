@@ -26,7 +26,8 @@ def check_cases(sub: Submission, cases: list[Case], runs: dict, ctx: GradeContex
     else:
         checked = [CaseResult(c.id, Status(runs[c.id]["status"]), runs[c.id]["message"],
                               c.hidden, run_s=runs[c.id].get("elapsed_s"),
-                              launched=launched_of(runs[c.id])) for c in cases]
+                              launched=launched_of(runs[c.id]),
+                              overloaded=bool(runs[c.id].get("overloaded"))) for c in cases]
     clock.stop()
     return checked
 

@@ -45,21 +45,19 @@ def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case],
         for r in ran.runs.values():
             if r["status"] == Status.TIMEOUT.value:
                 r["status"] = Status.ENVIRONMENT_ERROR.value
-                r["message"] += (f" (twice, both times {OVERLOADED} {load:.1f} per core: the "
-                                 f"machine's fault, not your submission's; it will be graded "
-                                 f"again)")
+                r["overloaded"] = True   # CaseResult.overloaded: the GPU worker grades it again
+                r["message"] += (f" (twice, both times while the grading machine was overloaded, "
+                                 f"load {load:.1f} per core: the machine's fault, not your "
+                                 f"submission's; it will be graded again)")
     return ran
 
 
-# What the message of a case ended by the load rule says (run_cases_under_load); the GPU worker
-# grades such a submission once more when the load has fallen (schedule/workers.py).
-OVERLOADED = "while the grading machine was overloaded, load"
-
-
 def overloaded(result) -> bool:
-    """Whether a result is the machine's under load (an environment_error of the load rule)."""
+    """Whether a result is the machine's under load: an environment_error whose case the load
+    rule ended (CaseResult.overloaded); the GPU worker grades it once more when the load has
+    fallen (schedule/workers.py)."""
     return result.status is Status.ENVIRONMENT_ERROR and any(
-        c.status is Status.ENVIRONMENT_ERROR and OVERLOADED in c.message for c in result.cases)
+        c.status is Status.ENVIRONMENT_ERROR and c.overloaded for c in result.cases)
 
 
 def _timed_out(runs: dict) -> bool:

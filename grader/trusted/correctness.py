@@ -179,5 +179,5 @@ def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, de
         message = run["message"] if run["status"] != "pass" else (finding.summary() if finding else "")
         results.append(CaseResult(case.id, status, message, case.hidden, finding,
                                   run.get("elapsed_s"), meta.get("peak_memory_bytes"),
-                                  launched_of(run)))
+                                  launched_of(run), overloaded=bool(run.get("overloaded"))))
     return results
