@@ -205,6 +205,11 @@ fi
 if ! has "$PY" importlinter; then
     extra lint auto "make lint checks the grader's layers" "make lint (part of make test) cannot run here"
 fi
+# The course check service (issue 33, grader/service/): wanted where it runs and where `make test`
+# drives it over HTTP; a machine that cannot get it is told so, and only the service's tests skip.
+if ! has "$PY" starlette || ! has "$PY" uvicorn || ! has "$PY" python_multipart; then
+    extra service auto "the course check service" "the course check service cannot run here"
+fi
 # CUTLASS/CuTe headers (the CuTe track): pyproject's `cute` extra, the nvidia-cutlass wheel, with
 # --no-deps: the grader reads only the headers it ships, never its Python package. Wanted on every
 # machine; one that cannot get it (offline without it in ./.whl) is told so, and CuTe submissions

@@ -15,7 +15,7 @@ GRADER = Path(__file__).resolve().parents[1] / "grader"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 PACKAGES = ("build", "cli", "common", "course", "executors", "isolation", "problem", "protocol",
-            "report", "schedule", "stages", "subject", "trusted")
+            "report", "schedule", "service", "stages", "subject", "trusted")
 
 
 def _modules() -> list[Path]:

@@ -65,6 +65,15 @@ def test_a_bom_is_accepted(tmp_path):
     ("top = 10", "top = true", "[review] top: True is not a whole number"),
     ("top = 10", "tops = 10", "[review] tops: unknown key (did you mean 'top'?)"),
     ("[review]", "[reveiw]", "[reveiw]: unknown section (did you mean 'review'?)"),
+    ("checks_per_hour = 20", "checks_per_hour = -1",
+     "[service] checks_per_hour: -1 is too small; use a whole number >= 0"),
+    ("upload_mb = 4", "upload_mb = 0", "[service] upload_mb: 0 is not a number > 0"),
+    ('counts = "best"', 'counts = "first"',
+     "[service] counts: 'first' is not one of them; use \"best\" or \"last\""),
+    ("upload_mb = 4", 'upload_mb = 4\ndeadline = "2026-12-11"',
+     "[service] deadline: '2026-12-11' is not a date and time (TOML's, unquoted)"),
+    ("upload_mb = 4", "upload_mb = 4\ndeadline = 2026-12-11T23:59:00",
+     "has no offset from UTC (e.g. -08:00 or Z)"),
 ])
 def test_each_bad_value_is_one_line_naming_file_key_and_fix(tmp_path, old, new, expected):
     assert old in GOOD
@@ -78,6 +87,19 @@ def test_each_bad_value_is_one_line_naming_file_key_and_fix(tmp_path, old, new, 
     text = GOOD.replace(old, new, 1).splitlines()
     changed = {i for i, line in enumerate(text, start=1) if line in new.splitlines()}
     assert any(line.startswith(f"{path}:{n}: ") for n in changed for line in lines), (changed, lines)
+
+
+def test_the_service_s_limits_choice_and_deadline_are_read(tmp_path):
+    import datetime
+    policy = load_policy()
+    assert (policy.service_checks_per_hour, policy.service_submissions_per_day,
+            policy.service_upload_mb, policy.service_counts, policy.service_deadline) == \
+        (20, 5, 4, "best", None)
+    text = GOOD.replace('counts = "best"', 'counts = "last"\ndeadline = 2026-12-11T23:59:00-08:00')
+    policy = load_policy(_policy(tmp_path, text))
+    assert policy.service_counts == "last"
+    assert policy.service_deadline == datetime.datetime(
+        2026, 12, 12, 7, 59, tzinfo=datetime.timezone.utc)
 
 
 def test_the_review_queue_size_is_read(tmp_path):

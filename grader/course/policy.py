@@ -4,6 +4,7 @@ how many ranked students the review queue holds."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import hashlib
 import math
@@ -47,6 +48,13 @@ class Policy:
     # The review queue (grader/course/review.py) holds, besides every `review` result and every ranked
     # one at or faster than a library baseline, the `review_top` fastest ranked students.
     review_top: int = 10
+    # The course check service (issue 33, grader/service/): per-student limits, which of a
+    # student's graded submissions counts, and the deadline after which none is accepted.
+    service_checks_per_hour: int = 20
+    service_submissions_per_day: int = 5
+    service_upload_mb: float = 4.0
+    service_counts: str = "best"
+    service_deadline: datetime.datetime | None = None
 
     def threshold_ms(self, spec: str | float, baselines: dict[str, float]) -> float | None:
         if isinstance(spec, (int, float)):
@@ -112,8 +120,20 @@ _SCHEMA = {
                 "pseudonym_salt": ("text", "a non-empty string (change it for each course)")},
     "review": {"top": ("count", "a whole number >= 0 (the fastest ranked students the review "
                                 "queue holds; 0: none by rank)")},
+    "service": {"checks_per_hour": ("count", "a whole number >= 0 (checks a student may send in "
+                                             "an hour; 0: none)"),
+                "submissions_per_day": ("count", "a whole number >= 0 (ranked submissions a "
+                                                 "student may send in a day; 0: none)"),
+                "upload_mb": ("size", "a number of megabytes > 0 (the largest upload)"),
+                "counts": ("choice:best,last", "\"best\" or \"last\" (which of a student's graded "
+                                                "submissions counts)"),
+                "deadline": ("deadline", "a date and time with its offset, e.g. "
+                                         "2026-12-11T23:59:00-08:00 (no submission is accepted "
+                                         "after it)")},
 }
-_FIELD = {("performance", "points"): "performance_points", ("review", "top"): "review_top"}
+_FIELD = {("performance", "points"): "performance_points", ("review", "top"): "review_top",
+          **{("service", key): f"service_{key}" for key in ("checks_per_hour", "submissions_per_day",
+                                                            "upload_mb", "counts", "deadline")}}
 
 
 def load_policy(path: Path = POLICY_FILE, *, required: bool = False) -> Policy:
@@ -197,6 +217,14 @@ def _check(kind: str, value) -> str:
         if not isinstance(value, int) or isinstance(value, bool):
             return "is not a whole number"
         return "is too small" if value < 0 else ""
+    if kind == "size":
+        return "" if number and math.isfinite(value) and value > 0 else "is not a number > 0"
+    if kind.startswith("choice:"):
+        return "" if value in kind.removeprefix("choice:").split(",") else "is not one of them"
+    if kind == "deadline":
+        if not isinstance(value, datetime.datetime):
+            return "is not a date and time (TOML's, unquoted)"
+        return "" if value.tzinfo is not None else "has no offset from UTC (e.g. -08:00 or Z)"
     if kind == "bool":
         return "" if isinstance(value, bool) else "is not true or false"
     if kind == "text":
