@@ -5,7 +5,6 @@ student sees only their own submissions; a second service on the store is refuse
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import subprocess
@@ -15,7 +14,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,8 @@ pytest.importorskip("python_multipart")
 from grader.course.roster import load_roster  # noqa: E402
 from grader.service.store import Store  # noqa: E402
 from grader.service.tokens import issue, read_tokens  # noqa: E402
+
+from .test_service_uploads import zipped  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,14 +105,6 @@ def service(tmp_path):
     s = Service(tmp_path)
     yield s
     s.stop()
-
-
-def zipped(files: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        for name, data in files.items():
-            z.writestr(name, data)
-    return out.getvalue()
 
 
 GOOD = zipped({"submission.py": b"def custom_kernel(data):\n    return data[0]\n"})
