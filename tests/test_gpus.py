@@ -793,9 +793,9 @@ def test_a_turn_with_nothing_begun_early_waited_for_nothing(tmp_path, make_submi
     real_jit_cache, calls = folders.jit_cache, []
 
     @contextlib.contextmanager
-    def slow_jit_cache(sub_, limits):
+    def slow_jit_cache(sub_, limits, build=None):
         time.sleep(0.05)   # a loaded machine
-        with real_jit_cache(sub_, limits) as jit:
+        with real_jit_cache(sub_, limits, build) as jit:
             yield jit
 
     monkeypatch.setattr(grading, "jit_cache", slow_jit_cache)
