@@ -3,8 +3,9 @@ GPUs grade through the same pipeline, and a live leaderboard shows where they st
 
 store.py keeps everything in one SQLite file of the store folder (tokens, submissions and their
 queue, results, the audit log) and refuses a second service on the same folder; tokens.py issues,
-revokes and reissues the students' tokens from the roster. Built so far: the store and the tokens;
-the web application, the grading worker and `make submit` are issue 33's next parts.
+revokes and reissues the students' tokens from the roster; uploads.py checks an upload before it
+is kept; app.py is the HTTP interface and server.py serves it with uvicorn. The grading worker,
+`serve` itself, the pages and `make submit` are issue 33's next parts (notes/service.md).
 
 May import course and common; nothing below imports it.
 """
