@@ -238,11 +238,8 @@ class Store:
 
     def queue_order(self) -> list[str]:
         """The queued jobs' ids in the order the queue gives them (round robin by student)."""
-        queued = self._read("SELECT id, folder FROM submissions WHERE state = 'queued' "
-                            "ORDER BY received_at, id")
-        last = dict(self._read("SELECT folder, MAX(started_at) FROM submissions "
-                               "WHERE started_at IS NOT NULL GROUP BY folder"))
-        return round_robin(queued, last)
+        with self._mutex:
+            return _queue_order(self._db)
 
     def position(self, job_id: str) -> int | None:
         """1 for the next job to run; None when it is not queued."""
@@ -252,11 +249,7 @@ class Store:
     def take(self) -> Job | None:
         """The next job, marked running (one more attempt), or None when none is queued."""
         with self._write() as db:
-            queued = db.execute("SELECT id, folder FROM submissions WHERE state = 'queued' "
-                                "ORDER BY received_at, id").fetchall()
-            last = dict(db.execute("SELECT folder, MAX(started_at) FROM submissions "
-                                   "WHERE started_at IS NOT NULL GROUP BY folder").fetchall())
-            order = round_robin(queued, last)
+            order = _queue_order(db)
             if not order:
                 return None
             db.execute("UPDATE submissions SET state = 'running', started_at = ?, "
@@ -294,6 +287,15 @@ class Store:
     def audit_log(self, limit: int = 1000) -> list[tuple]:
         return self._read("SELECT at, folder, action, outcome, detail, remote FROM audit "
                           "ORDER BY n DESC LIMIT ?", (limit,))
+
+
+def _queue_order(db: sqlite3.Connection) -> list[str]:
+    """The queued jobs in round-robin order, read in `db`'s current transaction."""
+    queued = db.execute("SELECT id, folder FROM submissions WHERE state = 'queued' "
+                        "ORDER BY received_at, id").fetchall()
+    last = dict(db.execute("SELECT folder, MAX(started_at) FROM submissions "
+                           "WHERE started_at IS NOT NULL GROUP BY folder").fetchall())
+    return round_robin(queued, last)
 
 
 def round_robin(queued: list[tuple[str, str]], last_start: dict[str, str]) -> list[str]:
