@@ -16,7 +16,7 @@
 #
 # Tasks: smoke (device, one example checked), solution (the reference solution checked, with
 # the driver link it needs), tracks (the CuTe and TileLang examples checked), test-gpu (without
-# the adversarial set), examples (make grade of examples/ with the baselines), adversarial,
+# the adversarial set), triton-warm (bench/triton_warm_probe.py), examples (make grade of examples/ with the baselines), adversarial,
 # timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py),
 # lanes (COPIES, LANES, STOP_AFTER: a short course, then 1 GPU with lanes 3 and 1), lanes-warm
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
@@ -93,7 +93,10 @@ task() {
                 make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --stop-after ${COURSE_STOP:-900} --out $out" \
                     ; s=$?; cp "$out" "$OUT/" 2>/dev/null; (exit $s) ;;
         # Triton's kernels compiled ahead, with no GPU, found by a run on the GPU (tests/test_ahead.py)
-        ahead) make env && .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_ahead.py -k "gpu or seed_its_run" ;;
+        ahead) make env && .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_ahead.py -k "gpu or seed_its_run or warm" ;;
+        # what a Triton copy's first calls still pay, cold, warmed, compiled ahead, both (issue 32)
+        triton-warm) make env && .venv/bin/python bench/triton_warm_probe.py --out bench/triton_warm_probe.json \
+                      ; s=$?; cp bench/triton_warm_probe.json "$OUT/" 2>/dev/null; (exit $s) ;;
         # issue 32's lanes on the cold 100-copy course, each lane count from its own cold build
         # cache, side by side on one machine (COPIES, LANES, LANES_STOP)
         lanes-course) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --lanes ${LANES:-3 2 1} --stop-after ${LANES_STOP:-270} --out bench/grader_bench_s23_lanes.json" \

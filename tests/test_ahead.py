@@ -249,3 +249,57 @@ def test_on_the_gpu_compiling_ahead_sees_no_gpu(make_submission, tmp_path):
     compile_ahead(sub, PASSED, build_dir=tmp_path / "build", device=detect(),
                   limits=ON, sandbox=None, cases=CASES, log_path=tmp_path / "log")
     assert "GPUS False 0" in (tmp_path / "log").read_text()
+
+
+# ---------------------------------------------------------------- Triton warmed before the turn
+
+WARM = """
+import json, sys
+from grader.subject.libraries import warm_triton
+failed = warm_triton()
+print(json.dumps(dict(failed=failed, imported="triton.language" in sys.modules)))
+"""
+
+
+def test_a_prepared_subject_warms_triton_only_for_a_triton_submission_on_a_gpu(make_submission):
+    """libraries.warms_triton: the warm-up (Triton's import, its key, its driver) is paid before
+    the turn only where the submission's sources use Triton and a GPU will run it; a CUDA
+    submission, a Python one without Triton and any subject off the GPU load nothing more."""
+    from grader.subject.libraries import warms_triton
+    triton_sub = example()
+    plain = Submission("plain", make_submission("plain", "import torch\n\ndef custom_kernel(data):\n"
+                                                "    return data[0]\n"), Kind.PYTHON)
+    setup = lambda sub, kind="python", device="cuda": dict(   # noqa: E731
+        device=device, target=dict(kind=kind, source=str(sub.source)))
+    assert warms_triton(setup(triton_sub))
+    assert not warms_triton(setup(triton_sub, device="cpu"))
+    assert not warms_triton(setup(triton_sub, kind="cuda"))
+    assert not warms_triton(setup(plain))
+
+
+@needs_triton
+def test_warming_triton_never_raises_and_says_what_it_could_not_do():
+    """Off the GPU the driver and the backend cannot start: warm_triton names those steps (for the
+    harness's log) and raises nothing, and what it could do (the import) is done."""
+    proc = subprocess.run([sys.executable, "-c", WARM], env=child_env(cuda=cuda_available()),
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = json.loads(proc.stdout.splitlines()[-1])
+    assert said["imported"]
+    if cuda_available():
+        assert said["failed"] == []
+    else:
+        assert [step.split(":")[0] for step in said["failed"]] == ["driver", "backend"], said
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_warming_triton_builds_its_driver_module_in_the_jit_folder(tmp_path):
+    """On the GPU every step of the warm-up is done, and what Triton compiles for its driver lands
+    in the JIT folder named by TRITON_CACHE_DIR (the submission's own), not in a shared one."""
+    env = {**child_env(cuda=True), "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    proc = subprocess.run([sys.executable, "-c", WARM], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["failed"] == []
+    assert any(p.suffix == ".so" for p in files_under(tmp_path / "triton")), files_under(tmp_path)

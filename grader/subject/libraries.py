@@ -60,8 +60,13 @@ def without_cudnn_attention() -> None:
 
 
 def _mentions_tilelang(source: str) -> bool:
+    return _mentions(source, "tilelang")
+
+
+def _mentions(source: str, word: str) -> bool:
+    """Whether a Python file beside `source` (the submission's folder) has `word` in it."""
     try:
-        return any("tilelang" in path.read_text(errors="replace")
+        return any(word in path.read_text(errors="replace")
                    for path in Path(source).parent.glob("*.py"))
     except OSError:
         return False
@@ -72,3 +77,47 @@ def _arch(target: str) -> str:
         return json.loads(target).get("arch", "the course GPU")
     except (ValueError, AttributeError):
         return "the course GPU"
+
+
+def warms_triton(setup: dict) -> bool:
+    """Whether a prepared subject warms Triton before its turn: a Python submission whose sources
+    name triton, to run on a GPU (Triton's interpreter, off the GPU, has nothing to warm)."""
+    target = setup.get("target", {})
+    return (setup.get("device") == "cuda" and target.get("kind") == "python"
+            and _mentions(target.get("source", ""), "triton"))
+
+
+def warm_triton() -> list[str]:
+    """Triton's first use in a process, done before the submission is loaded (issue 32): its
+    import, the hash of its own sources in every kernel's cache key, the GPU driver's helper
+    module (compiled with the host's C compiler into TRITON_CACHE_DIR, the submission's own JIT
+    folder, on its first use there) and the backend's tool versions. About 2 s of a Triton
+    submission's first call (notes/throughput.md, session 24), here on the builds' CPUs while the
+    GPU grades the submission before. Only Triton's own code runs, and nothing is launched.
+    Best effort: each step that fails is left to the submission's first call, which pays for it
+    as it did before; the names of the steps that failed are returned (for the log)."""
+    failed = []
+    steps = (("import", lambda: __import__("triton.language")),
+             ("key", _triton_key),
+             ("driver", lambda: __import__("triton.runtime", fromlist=["driver"]).driver.active.utils),
+             ("backend", _triton_backend))
+    for name, step in steps:
+        try:
+            step()
+        except Exception as e:   # never the submission's problem: its own call tries again
+            failed.append(f"{name}: {type(e).__name__}")
+    return failed
+
+
+def _triton_key() -> str:
+    try:
+        from triton.runtime.cache import triton_key      # Triton 3.5 and later
+    except ImportError:
+        from triton.compiler.compiler import triton_key  # earlier
+    return triton_key()
+
+
+def _triton_backend() -> str:
+    from triton.compiler.compiler import make_backend
+    from triton.runtime import driver
+    return make_backend(driver.active.get_current_target()).hash()

@@ -43,8 +43,8 @@ from grader.protocol.lines import read_line
 from grader.protocol.buffers import map_buffer
 # Its sibling modules by their full names: this file runs as a script, not as grader.subject.loop.
 from grader.subject.libraries import (TILELANG_NO_DISK_CACHE, TILELANG_TARGET_ENV, NotRunHere, _arch,
-                                      _mentions_tilelang, tilelang_without_gpu,
-                                      without_cudnn_attention)
+                                      _mentions_tilelang, tilelang_without_gpu, warm_triton,
+                                      warms_triton, without_cudnn_attention)
 from grader.subject.load import PY_ENTRY_POINT, LoadError, load, submission_folder
 from grader.subject.tracebacks import _error, student_traceback
 
@@ -283,16 +283,22 @@ def describe(out, shape: tuple[int, ...]) -> dict:
                 dtype=str(out.dtype).removeprefix("torch."), device=str(out.device))
 
 
-def prepare(subject: Subject) -> None:
+def prepare(subject: Subject, triton: bool = False) -> None:
     """A subject started before its turn (issue 13: lookahead.Lookahead). Before any submission
     code is loaded: start the profiler once with nothing to see (its first start in a process
-    costs seconds, CUPTI's: 5.5 s on an H100, bench/run_stage_probe.json), say "prepared", and
+    costs seconds, CUPTI's: 5.5 s on an H100, bench/run_stage_probe.json), warm Triton for a
+    submission that uses it (`triton`: libraries.warm_triton, its first use's seconds), say
+    "prepared" (with what the warm-up took and any step that failed, for the log), and
     wait, blocked and not polling, for "load", and say "loading" (the harness then knows that a
     death from here on is the submission's). Anything else, or the pipe's end: exit."""
     from torch.profiler import profile
     with profile(activities=call_activities(subject.device)):
         pass
-    subject.reply(dict(event="prepared"))
+    said = dict(event="prepared")
+    if triton:
+        began = time.perf_counter()
+        said.update(triton_failed=warm_triton(), triton_s=round(time.perf_counter() - began, 3))
+    subject.reply(said)
     if read_line(subject.requests.fileno(), limit=64) != "load":
         sys.stdout.flush()
         os._exit(0)
@@ -344,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     setup = json.loads(a.setup)
     subject = Subject(setup)   # maps the shared buffers: CUDA starts here
     if setup.get("prepare"):
-        prepare(subject)
+        prepare(subject, triton=warms_triton(setup))
     if setup["target"].get("kind") == "python":   # before the submission imports TileLang
         os.environ.update(TILELANG_NO_DISK_CACHE)
     if setup["target"].get("kind") in ("cuda", "python"):

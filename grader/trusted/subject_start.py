@@ -52,9 +52,14 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
     case share one limit from "run", as they do in a run not begun early."""
     ready_fd, decide_fd = spec["control"]
     link = Link(spec, buffers)
-    why = _not_said(link, time.monotonic() + spec["deadline_s"], "prepared")
+    said: dict = {}
+    why = _not_said(link, time.monotonic() + spec["deadline_s"], "prepared", said=said)
     if why:
         _give_up(link, why)
+    if "triton_s" in said:   # subject/loop.py prepare: Triton's first use, before the turn
+        print(f"harness: Triton warmed before the turn in {said['triton_s']} s"
+              + (f" (not done: {', '.join(map(str, said['triton_failed']))})"
+                 if said.get("triton_failed") else ""), flush=True)
     ends.append(("prepare", time.monotonic()))
     try:
         os.write(ready_fd, b"prepared\n")
@@ -73,15 +78,18 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
     return link, loaded(link, spec, deadline), deadline
 
 
-def _not_said(link: Link, deadline: float, event: str, send: bytes = b"") -> str:
+def _not_said(link: Link, deadline: float, event: str, send: bytes = b"",
+              said: dict | None = None) -> str:
     """"" when the subject's next reply (after `send`, if any) is `event`, as a prepared subject's
-    are (subject/loop.py prepare); else what it said instead."""
+    are (subject/loop.py prepare); else what it said instead. The reply goes into `said`."""
     try:
         if send:
             link.write(send)
         reply = link.receive(deadline)
     except SubjectGone as gone:
         reply = dict(event=gone.message)
+    if said is not None:
+        said.update(reply)
     if reply.get("event") == event:
         return ""
     return f"the subject said {clean(json.dumps(reply), 300)} instead of {event!r}"
