@@ -71,8 +71,39 @@ def jit_cache(sub: Submission, limits: config.Limits, build: BuildResult | None 
             (folder / name).mkdir()
         if build is not None:
             seed_jit_folder(build.compiled_ahead, folder / JIT_CACHE_VARS["TRITON_CACHE_DIR"])
+        SEEDED[str(folder)] = _kernel_keys(folder)
         give_to_sandbox(folder)   # written as the sandbox's user
-        yield folder
+        try:
+            yield folder
+        finally:
+            SEEDED.pop(str(folder), None)
+
+
+# What each live JIT folder held when its GPU stages began (its Triton kernels' cache keys), for
+# jit_report: whether the kernels compiled in the build were the ones the run looked up.
+SEEDED: dict[str, set[str]] = {}
+
+
+def _kernel_keys(jit: Path) -> set[str]:
+    """The cache keys (folders) of the Triton kernels in a JIT folder: those holding a cubin."""
+    triton = jit / JIT_CACHE_VARS["TRITON_CACHE_DIR"]
+    try:
+        return {p.parent.name for p in triton.glob("*/*.cubin")}
+    except OSError:
+        return set()
+
+
+def jit_report(jit: Path | None) -> str:
+    """One line for the instructor's run log: how many Triton kernels the submission's GPU stages
+    found compiled in its build and how many they compiled in their turn ('' for no JIT folder).
+    Issue 32: the build's compile ahead pays only where the second number is 0."""
+    if jit is None or str(jit) not in SEEDED:
+        return ""
+    seeded, now = SEEDED[str(jit)], _kernel_keys(jit)
+    if not seeded and not now:
+        return ""
+    return (f"grader: Triton kernels: {len(seeded)} compiled in the build, {len(now - seeded)} "
+            f"compiled in the GPU stages' turn\n")
 
 
 def jit_env(env: dict, jit: Path) -> dict:

@@ -30,7 +30,8 @@ from grader.stages.check import CROWDED_RETRY, check_cases, failed_to_run
 from grader.stages.clock import StageClock, held
 from grader.stages.context import GradeContext
 from grader.stages.early import current_timer
-from grader.stages.folders import jit_cache, save_log, subject_folders, target_of, work_folder
+from grader.stages.folders import (jit_cache, jit_report, save_log, subject_folders, target_of,
+                                   work_folder)
 from grader.stages.harnesses import NotStarted, Prepared, Stages, TimeSubject, harness_said
 from grader.stages.health import ensure_gpu_healthy
 from grader.stages.judge import Sheet, judge_cases, judge_timed, over_quota, verdict_text
@@ -52,8 +53,8 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     if prepared is not None:
         try:
             with prepared.folders:
-                return over_quota(_grade_built(sub, build, ctx, source, prepared.jit, prepared,
-                                                time.monotonic() - turn), prepared.jit)
+                return _graded(_grade_built(sub, build, ctx, source, prepared.jit, prepared,
+                                            time.monotonic() - turn), ctx, prepared.jit)
         except NotStarted as gone:   # graded anew below, in new folders, its time counted as waiting
             waits = True
             ctx.progress.note(f"{sub.id}: its run begun early did not start; running it anew"
@@ -63,7 +64,20 @@ def grade_submission(sub: Submission, build: BuildResult, ctx: GradeContext,
     # the run stage's work.
     waited_s = time.monotonic() - turn if waits else 0.0
     with jit_cache(sub, ctx.limits, build) as jit:
-        return over_quota(_grade_built(sub, build, ctx, source, jit, waited_s=waited_s), jit)
+        return _graded(_grade_built(sub, build, ctx, source, jit, waited_s=waited_s), ctx, jit)
+
+
+def _graded(result: SubmissionResult, ctx: GradeContext, jit: Path | None) -> SubmissionResult:
+    """`result`, its JIT folder's line added to the instructor's run log (jit_report)."""
+    line = jit_report(jit)
+    if line:
+        path = ctx.out_dir / "logs" / f"{result.id}.run.log"
+        try:
+            with open(path, "a", encoding="utf-8") as log:
+                log.write(line)
+        except OSError:   # a diagnostic: never the submission's result
+            pass
+    return over_quota(result, jit)
 
 
 def _grade_built(sub: Submission, build: BuildResult, ctx: GradeContext, source: str,
