@@ -4,6 +4,8 @@
 #   make check SUBMISSION=student VERBOSE=1   (VERBOSE=1: ptxas registers, spills, shared memory)
 #   make check SUBMISSION=student EXECUTOR=slurm PARTITION=gpu   (the check on a Slurm GPU node)
 #   make check GRADER_BUILD_S=900   (a slow or busy machine: the compile's limit, default 300 s)
+#   make serve STORE=service ROSTER=roster.csv [HOST=127.0.0.1 PORT=8008 GPUS=0,1]   (the check service)
+#   make submit SERVER=https://... TOKEN=... KIND=check | make status SERVER=... WAIT=1   (the service)
 #   make test | make test-gpu | make bench | make adversarial | make timing-trust
 #   make bench-grader COPIES=100 BUDGET=15 GPUS="0 0,1" BENCH_ARGS=--warm   (grader throughput)
 #   make review | make review ID=alice DECISION=cleared|disqualified NOTE="why"   (the review queue)
@@ -50,7 +52,7 @@ CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
 KNOBS := base=$(PYTHON_BASE) torch=$(TORCH_SPEC) triton=$(WITH_TRITON) tilelang=$(WITH_TILELANG) browser=$(WITH_BROWSER) chromium=$(CHROMIUM)
 STAMP := $(VENV)/.ready-$(shell printf '%s' '$(KNOBS)' | cksum | cut -d' ' -f1)
 
-.PHONY: env grade check leaderboard review lint test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
+.PHONY: env grade check serve submit status leaderboard review lint test test-gpu bench bench-grader adversarial timing-trust perf-table release clean clean-results
 
 env: $(STAMP)
 
@@ -71,6 +73,22 @@ CHECK_LIMITS = $(if $(GRADER_BUILD_S),GRADER_BUILD_S='$(GRADER_BUILD_S)') \
 check: env
 	$(CHECK_LIMITS) $(PY) -m grader check $(SUBMISSION) $(if $(POLICY),--policy $(POLICY)) \
 	  $(if $(filter 1,$(VERBOSE)),--verbose) $(EXECUTOR_ARGS)
+
+# Issue 33: the course check service (grader/cli/serve.py; docs/instructor-guide.md, "The check
+# service"): the HTTP service and its grading worker in one process, on this machine's GPUs (GPUS)
+# or Slurm's (EXECUTOR=slurm PARTITION=...), loopback unless HOST says otherwise (TLS: a reverse
+# proxy in front). STORE: its folder (database, uploads, each job's results); tokens first:
+# python -m grader serve tokens --roster $(ROSTER) --store $(STORE).
+STORE ?=
+HOST ?=
+PORT ?=
+serve: env
+	$(PY) -m grader serve $(if $(STORE),--store $(STORE)) $(if $(ROSTER),--roster $(ROSTER)) \
+	  $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT)) $(if $(GPUS),--gpus $(GPUS)) \
+	  $(if $(POLICY),--policy $(POLICY)) $(EXECUTOR_ARGS) \
+	  $(if $(SLURM_WORKERS),--slurm-workers $(SLURM_WORKERS))
+
+include release/client.mk
 
 leaderboard: env
 	$(PY) -m grader leaderboard --out $(RESULTS) $(REPORT_ARGS)

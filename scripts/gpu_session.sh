@@ -16,7 +16,8 @@
 #
 # Tasks: smoke (device, one example checked), solution (the reference solution checked, with
 # the driver link it needs), tracks (the CuTe and TileLang examples checked), test-gpu (without
-# the adversarial set), triton-warm (bench/triton_warm_probe.py), examples (make grade of examples/ with the baselines), adversarial,
+# the adversarial set), triton-warm (bench/triton_warm_probe.py), triton-key (bench/triton_key_probe.py),
+# service-course (SERVICE_STOP: bench/service_course.py), examples (make grade of examples/ with the baselines), adversarial,
 # timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py),
 # lanes (COPIES, LANES, STOP_AFTER: a short course, then 1 GPU with lanes 3 and 1), lanes-warm
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
@@ -94,6 +95,11 @@ task() {
                     ; s=$?; cp "$out" "$OUT/" 2>/dev/null; (exit $s) ;;
         # Triton's kernels compiled ahead, with no GPU, found by a run on the GPU (tests/test_ahead.py)
         ahead) make env && .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_ahead.py -k "gpu or seed_its_run or warm" ;;
+        # which part of Triton's cache key differs between the build's sandbox and the run's (issue 32)
+        triton-key) make env && .venv/bin/python bench/triton_key_probe.py ;;
+        # 20 students at once through the check service, then make grade on their folders (issue 33)
+        service-course) make env && .venv/bin/python bench/service_course.py --stop-after ${SERVICE_STOP:-420} --out bench/service_gpu.json \
+                      ; s=$?; cp bench/service_gpu.json build/service-course/leaderboard.html build/service-course/serve.log "$OUT/" 2>/dev/null; (exit $s) ;;
         # what a Triton copy's first calls still pay, cold, warmed, compiled ahead, both (issue 32)
         triton-warm) make env && .venv/bin/python bench/triton_warm_probe.py --out bench/triton_warm_probe.json \
                       ; s=$?; cp bench/triton_warm_probe.json "$OUT/" 2>/dev/null; (exit $s) ;;

@@ -30,6 +30,7 @@ NAME = "flash-attention-student"
 FILES = [
     ("release/README.md", "README.md"),
     ("release/Makefile", "Makefile"),
+    ("release/client.mk", "client.mk"),
     ("pyproject.toml", "pyproject.toml"),
     ("scripts/bootstrap.sh", "scripts/bootstrap.sh"),
     ("test_cases/test.txt", "test_cases/test.txt"),
@@ -73,8 +74,8 @@ INSTRUCTOR_PATHS = [re.compile(p) for p in (r"hidden\.txt", r"\bsolution/", r'/\
 DISCLOSED = dict(seq_len={1}, head_dim={64, 128})
 
 # Every path in the archive must match one of these.
-ALLOWED = ["README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "test_cases/test.txt",
-           "test_cases/cpu.txt",
+ALLOWED = ["README.md", "Makefile", "client.mk", "pyproject.toml", "scripts/bootstrap.sh",
+           "test_cases/test.txt", "test_cases/cpu.txt",
            "templates/*.j2", "student/README.md", "student/Makefile", "student/submission.cu",
            "student/cute/submission.cu", "student/triton/submission.py",
            "student/tilelang/submission.py", "grader/*.py", "grader/trusted/checks/*.py",

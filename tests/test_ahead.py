@@ -303,3 +303,24 @@ def test_on_the_gpu_warming_triton_builds_its_driver_module_in_the_jit_folder(tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.splitlines()[-1])["failed"] == []
     assert any(p.suffix == ".so" for p in files_under(tmp_path / "triton")), files_under(tmp_path)
+
+
+def test_the_run_log_says_how_many_kernels_were_compiled_ahead_and_how_many_in_the_turn(tmp_path):
+    """jit_report: the kernels (cache keys with a cubin) the JIT folder held when the GPU stages
+    began, against those they added: what says whether compiling ahead paid (issue 32)."""
+    from grader.stages.folders import jit_report
+    seed = tmp_path / "ahead" / "triton"
+    for key in ("KEYA", "KEYB"):
+        (seed / key).mkdir(parents=True)
+        (seed / key / "_attention_kernel.cubin").write_bytes(b"\0")
+        (seed / key / "_attention_kernel.json").write_text("{}")
+    built = BuildResult(Status.PASS, "import", 1.0, compiled_ahead=str(seed))
+    with jit_cache(example(), ON, built) as jit:
+        assert jit_report(jit) == "grader: Triton kernels: 2 compiled in the build, 0 compiled in the GPU stages' turn\n"
+        (jit / "triton" / "KEYC").mkdir()
+        (jit / "triton" / "KEYC" / "_attention_kernel.cubin").write_bytes(b"\0")
+        (jit / "triton" / "KEYD").mkdir()   # a launcher's folder: no kernel
+        assert jit_report(jit).startswith("grader: Triton kernels: 2 compiled in the build, 1 ")
+    assert jit_report(jit) == ""   # the folder is gone with its GPU stages
+    with jit_cache(example(), ON, PASSED) as jit:
+        assert jit_report(jit) == ""   # nothing compiled anywhere: nothing to say

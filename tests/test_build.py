@@ -505,3 +505,16 @@ def test_only_a_case_the_load_rule_ended_makes_a_result_the_overloaded_machine_s
     # the flag survives the result file
     case = CaseResult("c", Status.ENVIRONMENT_ERROR, "x", overloaded=True)
     assert CaseResult.from_dict(case.to_dict()).overloaded
+
+
+def test_a_folder_the_grading_side_lost_is_an_environment_error_not_a_build_error(tmp_path):
+    """An INVALID submission is the student's build_error, unless the grader's side lost or
+    damaged it (Submission.machine_fault: a service store's upload, course/service_drop.py):
+    then it is environment_error, never a grade."""
+    from grader.course.submission import Kind, Submission
+    for fault, status in ((False, Status.BUILD_ERROR), (True, Status.ENVIRONMENT_ERROR)):
+        sub = Submission("alice", tmp_path, Kind.INVALID, problem="its upload is damaged.",
+                         machine_fault=fault)
+        built = build_submission(sub, build_dir=tmp_path / "b", device=CPU, limits=config.Limits(),
+                                 sandbox=None)
+        assert built.status is status and built.message == "its upload is damaged."

@@ -22,8 +22,8 @@ release = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(release)
 
 EXPECTED = {
-    "README.md", "Makefile", "pyproject.toml", "scripts/bootstrap.sh", "test_cases/test.txt",
-    "test_cases/cpu.txt",
+    "README.md", "Makefile", "client.mk", "pyproject.toml", "scripts/bootstrap.sh",
+    "test_cases/test.txt", "test_cases/cpu.txt",
     "templates/leaderboard.html.j2", "student/README.md", "student/Makefile",
     "student/submission.cu", "student/triton/submission.py", "student/tilelang/submission.py",
     "student/cute/submission.cu",

@@ -6,14 +6,11 @@ student sees only their own submissions; a second service on the store is refuse
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
@@ -27,8 +24,8 @@ from grader.service.store import Store  # noqa: E402
 from grader.service.tokens import issue, read_tokens  # noqa: E402
 
 from .test_service_uploads import zipped  # noqa: E402
+from .service_helpers import REPO, free_port, multipart, start_server  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 
 SERVER = """
 import datetime, sys
@@ -40,12 +37,6 @@ serve({store!r}, Policy(service_checks_per_hour=2, service_submissions_per_day=1
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Service:
     def __init__(self, tmp_path: Path, deadline: str = "None"):
         self.store_dir = tmp_path / "store"
@@ -55,21 +46,9 @@ class Service:
         self.tokens = read_tokens(Store(self.store_dir))
         self.instructor = (self.store_dir / "instructor.token").read_text().strip()
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER.format(repo=str(REPO), store=str(self.store_dir),
-                                                 port=self.port, deadline=deadline)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.url = f"http://127.0.0.1:{self.port}"
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise AssertionError(self.proc.stdout.read())
-                time.sleep(0.2)
-        raise AssertionError("the service did not start within 120 s")
+        self.proc = start_server(SERVER.format(repo=str(REPO), store=str(self.store_dir),
+                                               port=self.port, deadline=deadline), self.port)
 
     def stop(self) -> None:
         self.proc.kill()
@@ -88,13 +67,8 @@ class Service:
             return e.code, {**json.loads(e.read() or b"{}"), "_headers": dict(e.headers)}
 
     def submit(self, token: str | None, data: bytes, kind: str = "check") -> tuple[int, dict]:
-        boundary = uuid.uuid4().hex
-        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"kind\"\r\n\r\n{kind}\r\n"
-                f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
-                f"filename=\"upload.zip\"\r\nContent-Type: application/zip\r\n\r\n").encode() \
-            + data + f"\r\n--{boundary}--\r\n".encode()
-        return self.request("POST", "/api/submissions", token=token, body=body,
-                            headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+        body, headers = multipart(kind, data)
+        return self.request("POST", "/api/submissions", token=token, body=body, headers=headers)
 
     def kept(self) -> list[str]:
         return sorted(p.name for p in (self.store_dir / "uploads").iterdir())

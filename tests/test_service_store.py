@@ -187,3 +187,23 @@ def test_serve_tokens_from_the_command_line(tmp_path):
                        (("--roster", str(tmp_path / "none.csv")), "none.csv")]:
         failed = _grader("serve", "tokens", "--store", str(store), *args)
         assert failed.returncode == 2 and said in failed.stderr, (args, failed.stderr)
+
+
+def test_a_batch_is_the_queue_s_next_job_and_every_later_one_of_its_kind(tmp_path):
+    """Store.take_batch: a check queued between two students' submissions does not cut the
+    submissions' batch short (each batch pays a grading run's fixed costs); the jobs passed over
+    keep their places and make the next batch; one job per student; at most `limit`."""
+    store = Store(tmp_path / "store")
+    carol = store.accept("carol", "submission", b"PK\x03\x04c")
+    alice = store.accept("alice", "check", b"PK\x03\x04a")
+    bob = store.accept("bob", "submission", b"PK\x03\x04b")
+    carol2 = store.accept("carol", "submission", b"PK\x03\x04c2")
+    dave = store.accept("dave", "check", b"PK\x03\x04d")
+    erin = store.accept("erin", "submission", b"PK\x03\x04e")
+    first = store.take_batch(2)
+    assert [j.id for j in first] == [carol.id, bob.id]
+    assert all(j.state == "running" and j.attempts == 1 for j in first)
+    assert store.queue_order()[:2] == [alice.id, dave.id]   # passed over, still first in line
+    assert [j.id for j in store.take_batch(8)] == [alice.id, dave.id]
+    assert [j.id for j in store.take_batch(8)] == [erin.id, carol2.id]
+    assert store.take_batch(8) == []

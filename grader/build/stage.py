@@ -82,7 +82,8 @@ def _build_submission(sub: Submission, *, build_dir: Path, device: DeviceInfo,
                       limits: config.Limits, log_path: Path | None, sandbox: Sandbox | None,
                       cache: BuildCache | None, student_check: StudentCheck | None) -> BuildResult:
     if sub.kind is Kind.INVALID:
-        return BuildResult(Status.BUILD_ERROR, "none", 0.0, message=sub.problem)
+        return BuildResult(Status.ENVIRONMENT_ERROR if sub.machine_fault else Status.BUILD_ERROR,
+                           "none", 0.0, message=sub.problem)
     machine, fault = machine_words(student_check)
     if sub.kind is Kind.CUDA and device.nvcc is None:
         return BuildResult(Status.ENVIRONMENT_ERROR, "none", 0.0, message=(

@@ -180,7 +180,8 @@ def grade_command(args) -> int:
     except CaseFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if _load_policy(args) is None:
+    policy = _load_policy(args)
+    if policy is None:
         return 2
     out = args.out or config.DEFAULT_RESULTS
     # A build folder per results folder (issue 32): runs with results folders of their own grade
@@ -196,10 +197,12 @@ def grade_command(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:   # a course's drop: folders, archives, Canvas or Gradescope exports (grader/course/intake.py)
-        drop = open_drop(args.submissions, scratch=scratch)
+        drop = open_drop(args.submissions, scratch=scratch, policy=policy)
     except DropError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if drop.summary:   # a service store: how many students, which upload counted, what was skipped
+        print(drop.summary, file=sys.stderr)
     for s in drop.skipped:
         print(f"not graded: {s.entry}: {s.reason}", file=sys.stderr)
     subs, args.skipped = list(drop.submissions), [s.to_dict() for s in drop.skipped]

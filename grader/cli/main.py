@@ -5,7 +5,10 @@
     python -m grader leaderboard [--out RESULTS_DIR]               # re-render from result files
     python -m grader review [--out RESULTS_DIR] [ID [--clear | --disqualify] --note TEXT]
                                                                    # the review queue; decide
+    python -m grader serve --roster roster.csv --store DIR         # the check service
     python -m grader serve tokens --roster roster.csv --store DIR  # the check service's tokens
+    python -m grader submit --server URL [--check] FOLDER          # a student: send a folder to it
+    python -m grader status --server URL [--wait] [ID]             # its queue place, then verdict
 """
 
 # The docstring above is `--help`'s description. Here: the arguments, the dispatch, `leaderboard`
@@ -31,7 +34,7 @@ from grader.report.pages import where_reports_are
 from grader.report.summary import outcome_text, run_outcome
 from grader.cli.grade import _load_policy, grade_command
 from grader.cli.check import check_command
-from grader.cli import serve
+from grader.cli import client, serve
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -131,6 +134,7 @@ def parser() -> argparse.ArgumentParser:
                     help="why, in a sentence the student reads (required to disqualify)")
     rv.add_argument("--by", help="who decides (default: your login)")
     serve.add_arguments(sub)   # issue 33: the course check service (grader/cli/serve.py)
+    client.add_arguments(sub)   # issue 33: submit and status, a student's (grader/cli/client.py)
     rv.add_argument("--out", type=Path, default=config.DEFAULT_RESULTS)
     _roster(rv)
     _policy(rv)
@@ -243,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.command == "review":
         return _review(args)
+    if args.command in client.COMMANDS:
+        return client.command(args)
     if args.command == "serve":
         return serve.serve_command(args)
     if args.command == "leaderboard":

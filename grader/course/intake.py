@@ -10,6 +10,9 @@
   graded, older ones listed;
 - Gradescope's export: `submission_metadata.yml` and `submission_<id>/` folders, each graded under
   its submitters' emails (else SID, name, folder).
+- the check service's store folder (it holds `service.sqlite3`): each student's counted upload
+  (grading.toml [service] counts, best or last), unpacked under their roster folder's name
+  (service_drop.py).
 
 Every entry that is not graded is a `Skipped(entry, reason)`; a student whose archive breaks a rule
 (a path out of the folder, a link, too big, too many files, a zip bomb) gets an INVALID submission
@@ -32,6 +35,8 @@ from grader.common import config
 from grader.course.archives import ARCHIVES, ArchiveRejected, _archive_stem, _is_archive, _slug, unpack
 from grader.course.lms_drops import (CANVAS, GRADESCOPE_FOLDER, METADATA, MetadataError, _gradescope_id,
                                      canvas_student, gradescope_submitters)
+from grader.course.policy import Policy, load_policy
+from grader.course.service_drop import StoreUnreadable, is_store, open_service_drop
 from grader.course.student_entries import (JUNK, Skipped, _has_submission, _single_top_folder,
                                            student_archive, student_folder)
 from grader.course.submission import CUDA_FILE, PYTHON_FILE, Kind, Submission, inspect_folder
@@ -47,9 +52,11 @@ class DropError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Drop:
     root: Path                            # the folder read (an archive drop: where it was unpacked)
-    layout: str                           # 'single', 'folders', 'canvas', 'gradescope', joined by '+'
+    layout: str                           # 'single', 'folders', 'canvas', 'gradescope' (joined by
+                                          # '+'), or 'service' (a check service's store)
     submissions: tuple[Submission, ...]   # sorted by id; INVALID ones carry their problem
     skipped: tuple[Skipped, ...]
+    summary: str = ""                     # one line for the run to print ('service': which counted)
 
     @property
     def gradable(self) -> tuple[Submission, ...]:
@@ -65,13 +72,17 @@ class _Candidate:
 
 def open_drop(path: Path, *, scratch: Path, require_gradable: bool = True,
               student_limits: config.ArchiveLimits = config.STUDENT_ARCHIVE,
-              drop_limits: config.ArchiveLimits = config.DROP_ARCHIVE) -> Drop:
+              drop_limits: config.ArchiveLimits = config.DROP_ARCHIVE,
+              policy: Policy | None = None) -> Drop:
     """Every student of a drop (a folder, or an archive of one), with the entries not graded and
-    why. `scratch`: a folder of the grader's own (in the build folder) for unpacked archives."""
+    why. `scratch`: a folder of the grader's own (in the build folder) for unpacked archives.
+    `policy`: the run's (a service store's drop counts by it; default: grading.toml)."""
     path, scratch = Path(path), Path(scratch)
     if not path.exists():
         raise DropError(f"{path}: no such folder of submissions. Pass a folder that contains one "
                         f"folder per student, one submission folder, or a .zip/.tar.gz of one.")
+    if is_store(path):
+        return _read_store(path, scratch, student_limits, policy or load_policy(), require_gradable)
     if path.is_file():
         if not _is_archive(path.name):
             raise DropError(f"{path}: not a folder nor an archive of one "
@@ -95,6 +106,22 @@ def open_drop(path: Path, *, scratch: Path, require_gradable: bool = True,
         lines += [f"  {s.entry}: {s.reason}" for s in drop.skipped[:20]]
         if not drop.submissions and not drop.skipped:
             lines.append("  the folder is empty")
+        raise DropError("\n".join(lines))
+    return drop
+
+
+def _read_store(path: Path, scratch: Path, limits: config.ArchiveLimits, policy: Policy,
+                require_gradable: bool) -> Drop:
+    """A check service's store: each student's counted upload (service_drop.py)."""
+    try:
+        found = open_service_drop(path, scratch=scratch, policy=policy, limits=limits)
+    except StoreUnreadable as e:
+        raise DropError(str(e)) from None
+    drop = Drop(path, "service", found.submissions, found.skipped, found.summary)
+    if require_gradable and not drop.gradable:
+        lines = [f"{path}: the service's store holds no gradable submission (checks never count)."]
+        lines += [f"  {s.id}: {s.problem}" for s in drop.submissions[:10]]
+        lines += [f"  {s.entry}: {s.reason}" for s in drop.skipped[:20]]
         raise DropError("\n".join(lines))
     return drop
 

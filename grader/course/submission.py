@@ -38,6 +38,9 @@ class Submission:
     kind: Kind
     role: Role = Role.STUDENT
     problem: str = ""     # why the folder is INVALID
+    # An INVALID folder the grading side lost or damaged (a service store's upload that no longer
+    # matches its digest: course/service_drop.py), not the student: environment_error, no grade.
+    machine_fault: bool = False
 
     @property
     def source(self) -> Path:

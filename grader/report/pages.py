@@ -216,15 +216,18 @@ def summary(rows: list[Row], run: dict, *, gpus: dict | None = None,
 
 def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], public: bool = False,
                        joined=None, missing: int = 0, gpus: dict | None = None,
-                       review: list[QueueEntry] = (), review_top: int = 10) -> str:
+                       review: list[QueueEntry] = (), review_top: int = 10,
+                       live: tuple[str, ...] = ()) -> str:
     """The page. `public`: the students' page (its rows from build_rows(public=True)), notes
     scrubbed of paths; `joined`: the roster join, listed on the instructors' page; `gpus`: a run
     on several GPUs (gpu_agreement): a GPU column, and how far the GPUs disagree; `review`: the
     review queue (review_entries), on the instructors' page only: the students' page never
-    shows it, nor any source."""
+    shows it, nor any source; `live`: the check service's page (grader/service/pages.py): these
+    lines instead of the run's device line, and the page reloads itself. A run with no device
+    known (a live page before anything was graded) has no scope notes."""
     if public:
         review = ()
-    notes = scope_notes(run, public=public)
+    notes = scope_notes(run, public=public) if run.get("device") else []
     if gpus:
         notes.append(gpus["line"])
     if public:
@@ -234,7 +237,7 @@ def render_leaderboard(rows: list[Row], run: dict, *, history: list[dict], publi
         rows=rows, run=run, cases=run["cases"], notes=notes, Status=Status, chart=chart(rows),
         history=history, public=public, joined=joined, counts_line=counts_line(rows, missing),
         gpus=gpus, review=list(review), review_top=review_top,
-        review_waiting=sum(e.pending for e in review))
+        review_waiting=sum(e.pending for e in review), live=list(live))
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

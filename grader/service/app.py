@@ -3,6 +3,11 @@
     POST /api/submissions        multipart: kind (check | submission), file (.zip or .tar.gz)
                                  Authorization: Bearer TOKEN   ->  201 {id, kind, position}
     GET  /api/submissions/{id}   the submission's state, its place in the queue, its result
+    GET  /api/submissions        Bearer TOKEN -> the student's own submissions, newest first, as
+                                 they may see them (pages.student_jobs: hidden cases as a count)
+    GET  /                       the upload page: the form and the student's own submissions (its
+                                 script sends the token in a header; it is never in an address)
+    GET  /leaderboard            the live students' page, no token (pages.render_live_board)
 
 Every request is refused before its body is read unless its token is a live student's: a stranger
 cannot make the service read or store a byte. Then, in order, each refusal a 4xx with a reason
@@ -13,8 +18,8 @@ day (grading.toml [service]), with Retry-After; 413 larger than upload_mb; and w
 uploads.check_upload finds (415, 400, 422). An upload is accepted only once the store has it
 whole (Store.accept): the 201 means it will be graded, whatever happens to the service.
 
-The grading worker, the students' pages (GET /, GET /leaderboard) and `make submit` are issue 33's
-next parts.
+The pages are pages.py's: the live board is the students' page `make grade` renders, from the
+store's results, by the policy's best or last.
 """
 
 from __future__ import annotations
@@ -26,15 +31,19 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from grader.course.policy import Policy
+from grader.service.pages import LIVE_TTL_S, LiveBoard, render_home, student_jobs
 from grader.service.store import KINDS, Identity, Store
 from grader.service.uploads import check_upload
+from grader.service.worker import student_view
 
 # What a multipart body may add to its file (field names, boundaries, the kind).
 FORM_OVERHEAD = 64 << 10
+# A student's own list and the live board change as jobs finish: never kept by a browser or proxy.
+NO_STORE = {"Cache-Control": "no-store"}
 WINDOWS = {"check": (datetime.timedelta(hours=1), "service_checks_per_hour", "hour"),
            "submission": (datetime.timedelta(days=1), "service_submissions_per_day", "24 hours")}
 
@@ -48,9 +57,13 @@ class Refused(Exception):
 
 
 def create_app(store: Store, policy: Policy, *, scratch: Path | None = None,
-               clock=lambda: datetime.datetime.now(datetime.timezone.utc)) -> Starlette:
-    """The application over `store` with the course's `policy`; `clock` (UTC now) for tests."""
+               clock=lambda: datetime.datetime.now(datetime.timezone.utc),
+               board_ttl_s: float = LIVE_TTL_S) -> Starlette:
+    """The application over `store` with the course's `policy`; `clock` (UTC now) for tests;
+    `board_ttl_s`: how long one rendering of the live board is served (0: every request)."""
     max_bytes = int(policy.service_upload_mb * (1 << 20))
+    board = LiveBoard(store, policy, ttl_s=board_ttl_s, clock=clock)
+    home_page = render_home(policy)
 
     def identify(request: Request) -> Identity:
         header = request.headers.get("authorization", "")
@@ -112,10 +125,38 @@ def create_app(store: Store, policy: Policy, *, scratch: Path | None = None,
             return JSONResponse({"detail": "no such submission of yours"}, status_code=404)
         return JSONResponse({"id": job.id, "kind": job.kind, "state": job.state,
                              "received_at": job.received_at, "position": store.position(job.id),
-                             "result": json.loads(job.result) if job.result else None})
+                             "result": _result_for(job.result, who)})
+
+    def mine(request: Request) -> JSONResponse:
+        try:
+            who = identify(request)
+            if who.instructor:
+                raise Refused(403, "the instructor's token has no submissions: ask for one by "
+                                   "its id (GET /api/submissions/ID)")
+        except Refused as no:
+            return JSONResponse({"detail": no.reason}, status_code=no.status)
+        return JSONResponse({"submissions": student_jobs(store, who.folder, policy)},
+                            headers=NO_STORE)
+
+    def home(request: Request) -> HTMLResponse:
+        return HTMLResponse(home_page, headers=NO_STORE)
+
+    def leaderboard(request: Request) -> HTMLResponse:
+        return HTMLResponse(board.html(), headers=NO_STORE)
 
     return Starlette(routes=[Route("/api/submissions", submit, methods=["POST"]),
-                             Route("/api/submissions/{id}", status, methods=["GET"])])
+                             Route("/api/submissions", mine, methods=["GET"]),
+                             Route("/api/submissions/{id}", status, methods=["GET"]),
+                             Route("/", home, methods=["GET"]),
+                             Route("/leaderboard", leaderboard, methods=["GET"])])
+
+
+def _result_for(result: str | None, who: Identity) -> dict | None:
+    """A stored result as `who` may see it: the instructor's in full, a student's as the
+    students' view (worker.student_view: no hidden case's shape, the hidden cases a count)."""
+    if not result:
+        return None
+    return json.loads(result) if who.instructor else student_view(result)
 
 
 async def _form(request: Request, max_bytes: int):

@@ -258,10 +258,48 @@ class Store:
                              "FROM submissions WHERE id = ?", (order[0],)).fetchone()
         return self._job(row)
 
+    def take_batch(self, limit: int) -> list[Job]:
+        """Up to `limit` jobs for one grading run, marked running (one more attempt each): the
+        queue's next job, then, in queue order, every later one of the same kind from a student
+        not yet in the batch. The jobs passed over keep their places: a check queued between two
+        submissions does not cut the submissions' batch short, and goes in the next one."""
+        with self._write() as db:
+            order = _queue_order(db)
+            if not order:
+                return []
+            queued = {r[0]: (r[1], r[2]) for r in db.execute(
+                "SELECT id, kind, folder FROM submissions WHERE state = 'queued'")}
+            kind = queued[order[0]][0]
+            chosen, students = [], set()
+            for job_id in order:
+                job_kind, folder = queued[job_id]
+                if job_kind == kind and folder not in students and len(chosen) < limit:
+                    chosen.append(job_id)
+                    students.add(folder)
+            started = now()
+            db.executemany("UPDATE submissions SET state = 'running', started_at = ?, "
+                           "attempts = attempts + 1 WHERE id = ?", [(started, j) for j in chosen])
+            rows = {r[0]: r for r in db.execute(
+                "SELECT id, folder, kind, state, received_at, attempts, result FROM submissions "
+                f"WHERE id IN ({','.join('?' * len(chosen))})", chosen)}
+        return [self._job(rows[j]) for j in chosen]
+
     def finish(self, job_id: str, result_json: str) -> None:
         with self._write() as db:
             db.execute("UPDATE submissions SET state = 'done', finished_at = ?, result = ? "
                        "WHERE id = ?", (now(), result_json, job_id))
+
+    def requeue(self, job_id: str, *, count_attempt: bool = True) -> None:
+        """A running job back in the queue: its grading failed (the attempt counts), or the
+        service stopped mid-grade or the job was given back untried (`count_attempt=False`: not
+        the job's fault, and its student keeps their turn in the round robin)."""
+        with self._write() as db:
+            if count_attempt:
+                db.execute("UPDATE submissions SET state = 'queued' WHERE id = ? AND "
+                           "state = 'running'", (job_id,))
+            else:
+                db.execute("UPDATE submissions SET state = 'queued', attempts = attempts - 1, "
+                           "started_at = NULL WHERE id = ? AND state = 'running'", (job_id,))
 
     def recover(self) -> list[str]:
         """At a service's start: every job left running is queued again, and every upload file

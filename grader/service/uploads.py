@@ -10,20 +10,22 @@ The rules, each refused with an HTTP status and a reason the student can act on:
 - a submission folder (submission.cu or submission.py, not both) at its root, or inside its one
   top folder: 422.
 Nothing of a refused upload is kept: it was unpacked in a scratch folder that is removed.
+
+unpack_upload unpacks an accepted upload for grading (grader/service/worker.py), by the same
+rules with the drop's own limits, into exactly the folder it is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 from pathlib import Path
 
 from grader.common import config
 from grader.course.archives import ArchiveRejected, unpack
+from grader.course.service_drop import GZIP_MAGIC, ZIP_MAGIC, submission_root as _submission_root
 from grader.course.submission import Kind, inspect_folder
-
-ZIP_MAGIC = b"PK\x03\x04"
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +48,8 @@ def check_upload(data: bytes, *, max_bytes: int, scratch: Path | None = None) ->
         return UploadCheck(413, f"the upload is {_mb(len(data))}; this course takes at most "
                                 f"{_mb(max_bytes)} (grading.toml [service] upload_mb). Upload "
                                 f"your submission folder's sources only")
-    if data.startswith(ZIP_MAGIC):
-        name = "upload.zip"
-    elif data.startswith(GZIP_MAGIC):
-        name = "upload.tar.gz"
-    else:
+    name = _archive_name(data)
+    if not name:
         return UploadCheck(415, "the upload is not a .zip or .tar.gz of your submission folder "
                                 "(make submit makes one)")
     limits = dataclasses.replace(config.STUDENT_ARCHIVE, max_bytes=min(
@@ -69,12 +68,34 @@ def check_upload(data: bytes, *, max_bytes: int, scratch: Path | None = None) ->
         return UploadCheck(0, kind=sub.kind.value)
 
 
-def _submission_root(folder: Path) -> Path:
-    """The folder itself, or its one top folder when that is all it holds (a zipped folder)."""
-    entries = list(folder.iterdir())
-    if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink():
-        return entries[0]
-    return folder
+def unpack_upload(data_or_path: bytes | Path, dest: Path) -> Path:
+    """An accepted upload (its bytes, or its file under the store's uploads/) unpacked for
+    grading: its submission folder (at the archive's root or in its one top folder) becomes
+    `dest`, replaced if it exists. ArchiveRejected when it breaks the drop's rules
+    (config.STUDENT_ARCHIVE) or is not a .zip or .tar.gz; nothing is left of it then."""
+    data = data_or_path if isinstance(data_or_path, bytes) else Path(data_or_path).read_bytes()
+    name = _archive_name(data)
+    if not name:
+        raise ArchiveRejected("is not a .zip or .tar.gz (its first bytes say neither)")
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{dest.name}-", dir=dest.parent) as tmp:
+        archive, folder = Path(tmp) / name, Path(tmp) / "unpacked"
+        archive.write_bytes(data)
+        unpack(archive, folder, config.STUDENT_ARCHIVE)
+        if dest.exists():
+            shutil.rmtree(dest)
+        _submission_root(folder).rename(dest)
+    return dest
+
+
+def _archive_name(data: bytes) -> str:
+    """The name archives.unpack reads the format from, told by the first bytes; '' for neither."""
+    if data.startswith(ZIP_MAGIC):
+        return "upload.zip"
+    if data.startswith(GZIP_MAGIC):
+        return "upload.tar.gz"
+    return ""
 
 
 def _mb(n: int) -> str:
