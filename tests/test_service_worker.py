@@ -229,3 +229,36 @@ def test_a_result_said_early_is_stored_at_once_and_survives_the_batch_failing(tm
     assert json.loads(store.job(a.id).result)["status"] == "mismatch"
     again = store.job(b.id)
     assert again.state == "queued" and again.attempts == 1 and again.result is None, said
+
+
+def test_an_earlier_attempts_results_are_never_taken_for_a_job(tmp_path, monkeypatch):
+    """A batch graded again (its run stopped or failed) may have the same results folder as its
+    earlier attempt: what that attempt wrote (a subject killed by the stop: a runtime_error) is
+    gone before the new run starts, so the results watcher cannot take it for the job."""
+    import time as clock
+    from grader.cli import serve as serve_cli
+    from grader.common.status import Status
+    from grader.course.results import SubmissionResult, write_result
+    from grader.service.worker import GradeJob
+    _, argv = setup_store(tmp_path)
+    folder = tmp_path / "work" / "alice"
+    folder.mkdir(parents=True)
+    (folder / "submission.py").write_bytes(ZEROS)
+    out = tmp_path / "work" / "results"
+    out.mkdir()
+    stale = SubmissionResult(id="alice", label="alice", kind="python", role="student",
+                             status=Status.RUNTIME_ERROR, message="killed by the stop")
+    roster = [dict(id="alice", result=write_result(out, stale).name)]
+    (out / "_run.json").write_text(json.dumps(dict(device={}, cases=[], roster=roster)))
+    taken = []
+
+    def run(subs, *, out, args, baselines, quiet):   # stands in for make grade's run
+        assert not any(out.iterdir()), list(out.iterdir())
+        clock.sleep(2.5)   # longer than the watcher's look (every 2 s)
+        (out / "_run.json").write_text(json.dumps(dict(device={}, cases=[], roster=[])))
+        return 0
+
+    monkeypatch.setattr(serve_cli, "_grade", run)
+    job = GradeJob("j1", "check", "alice", folder, out, tmp_path / "work" / "build")
+    assert serve_cli.pipeline(parser().parse_args(argv))([job], lambda *a: taken.append(a)) == {}
+    assert taken == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -153,6 +154,9 @@ def pipeline(args: argparse.Namespace, gpus=()) -> GradeFn:
         out, kind = jobs[0].out, jobs[0].kind
         run_args = _run_args(args, kind, subs, build=jobs[0].build)
         log = out.parent / "grade.log"
+        # An earlier attempt's results (a stopped or failed run of a batch with the same first
+        # job) are not this run's: none may be taken for a job before this run writes its own.
+        shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True, exist_ok=True)
         with open(log, "a", encoding="utf-8") as f, contextlib.redirect_stdout(f), \
                 contextlib.redirect_stderr(f), _each_result(out, jobs, early):
