@@ -207,3 +207,19 @@ def test_a_batch_is_the_queue_s_next_job_and_every_later_one_of_its_kind(tmp_pat
     assert [j.id for j in store.take_batch(8)] == [alice.id, dave.id]
     assert [j.id for j in store.take_batch(8)] == [erin.id, carol2.id]
     assert store.take_batch(8) == []
+
+
+def test_a_job_whose_run_failed_is_graded_alone(tmp_path):
+    """The attack twin of batching: a submission that breaks its grading run fails the whole
+    batch once; every job of it that was tried is then graded alone, so that the breaker uses up
+    its own attempts only, and the others are graded."""
+    store = Store(tmp_path / "store")
+    jobs = [store.accept(f"s{i}", "submission", b"PK\x03\x04%d" % i) for i in range(3)]
+    fresh = store.accept("s3", "submission", b"PK\x03\x04x")
+    first = store.take_batch(3)
+    assert [j.id for j in first] == [j.id for j in jobs[:3]]
+    for job in first:   # the run failed: each one's attempt counted
+        store.requeue(job.id)
+    # the fresh one first (never started), alone: the tried ones join no batch
+    batches = [[j.id for j in store.take_batch(8)] for _ in range(5)]
+    assert batches == [[fresh.id], [jobs[0].id], [jobs[1].id], [jobs[2].id], []]

@@ -262,18 +262,21 @@ class Store:
         """Up to `limit` jobs for one grading run, marked running (one more attempt each): the
         queue's next job, then, in queue order, every later one of the same kind from a student
         not yet in the batch. The jobs passed over keep their places: a check queued between two
-        submissions does not cut the submissions' batch short, and goes in the next one."""
+        submissions does not cut the submissions' batch short, and goes in the next one. A job
+        whose run failed before (an attempt counted) is graded alone, and never joins a batch:
+        one submission that breaks its run cannot use up the attempts of the others with it."""
         with self._write() as db:
             order = _queue_order(db)
             if not order:
                 return []
-            queued = {r[0]: (r[1], r[2]) for r in db.execute(
-                "SELECT id, kind, folder FROM submissions WHERE state = 'queued'")}
-            kind = queued[order[0]][0]
+            queued = {r[0]: (r[1], r[2], r[3]) for r in db.execute(
+                "SELECT id, kind, folder, attempts FROM submissions WHERE state = 'queued'")}
+            kind, _, tried = queued[order[0]]
             chosen, students = [], set()
-            for job_id in order:
-                job_kind, folder = queued[job_id]
-                if job_kind == kind and folder not in students and len(chosen) < limit:
+            for job_id in order[:1] if tried else order:
+                job_kind, folder, attempts = queued[job_id]
+                if job_kind == kind and folder not in students and len(chosen) < limit and \
+                        (not attempts or job_id == order[0]):
                     chosen.append(job_id)
                     students.add(folder)
             started = now()

@@ -17,7 +17,8 @@ What it guarantees:
 - **several GPUs**: the pipeline grades one run per process, its submissions spread over the
   GPUs (schedule/workers.py), so the worker takes a batch of up to `slots` x BATCH_PER_SLOT jobs
   (Store.take_batch: the queue's next job and every later one of its kind from other students;
-  the jobs passed over keep their places). A run's fixed costs (the device's probe, the checker's references, the
+  the jobs passed over keep their places; a job whose run failed is graded alone after, so that
+  one submission that breaks runs cannot use up its batch-mates' attempts). A run's fixed costs (the device's probe, the checker's references, the
   calibration) are paid once per batch, not per job.
 - **each result as soon as it is final**: the GradeFn says when a job's result is written
   (`early`), and the job is done then, while the batch's later jobs are graded; a result the
