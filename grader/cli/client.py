@@ -35,6 +35,9 @@ Exit codes, the same for both commands:
     5  the server could not be reached, or did not answer as the check service does
   130  interrupted (Ctrl-C): the submission stays in the queue; the command to resume is printed
 
+Its connection (the address, the token, one request, the upload's body) is client_http.py; packing
+the folder, client_pack.py.
+
 Without an ID, `status` shows the student's newest submission, as the service lists them (GET
 /api/submissions): one sent from another machine, or from the upload page, too.
 """
@@ -43,58 +46,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import io
-import ipaddress
-import json
 import os
 import re
-import socket
-import ssl
-import stat
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
-import zipfile
 from pathlib import Path
 
-from grader import __version__
-from grader.common import config
 from grader.common.status import Status
 from grader.course.results import SubmissionResult
-from grader.course.submission import CUDA_FILE, PYTHON_FILE, read_regular
+from grader.cli.client_http import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_MACHINE, EXIT_OK,
+                                    EXIT_UNREACHABLE, EXIT_USAGE, SERVER_ENV, TOKEN_ENV,
+                                    ClientError, Token, multipart, read_token, request, server_url)
+from grader.cli.client_pack import human_size, largest, pack_folder
 from grader.report.feedback import feedback_text
 
 COMMANDS = ("submit", "status")
-TOKEN_ENV = "GRADER_TOKEN"
-SERVER_ENV = "GRADER_SERVER"
-TIMEOUT_S = 120                  # one request; an upload of a few MB on a slow link fits
 POLL_FIRST_S, POLL_MAX_S, POLL_BACKOFF = 5.0, 30.0, 1.5
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_MACHINE, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2, 3, 4, 5
-EXIT_INTERRUPTED = 130
 EXIT_CODES = ("exit codes: 0 done (submitted; a verdict that passed; or still queued), 1 the "
               "verdict is a failure (as make check), 2 the command itself (an option, the folder, "
               "no token), 3 the grader's own error (not your code's), 4 refused (by the server, "
               "its reason shown; or here, before sending, by the same limits), 5 the server "
               "could not be reached, 130 interrupted (the submission stays queued)")
-
-# Left out of an upload: what a build or an editor makes, never the submission itself.
-BUILD_DIRS = frozenset({"__pycache__", "build", "results", "dist", "node_modules"})
-BUILD_SUFFIXES = (".o", ".obj", ".so", ".a", ".pyc", ".pyo", ".cubin", ".fatbin", ".egg-info")
 KIND_WORDS = {"check": "a check (the public cases, not ranked)",
               "submission": "a submission (every case, ranked)"}
-
-
-class ClientError(Exception):
-    """What stops a command: the message the student reads, and the exit code."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
 
 
 # ---------------------------------------------------------------------------- the command line
@@ -168,325 +145,6 @@ def command(args: argparse.Namespace) -> int:
         return e.code
 
 
-def server_url(text: str | None) -> str:
-    """The service's base URL, without a trailing slash; ClientError (usage) when it is missing
-    or not an http(s) address. Plain http to another machine is allowed, with a warning."""
-    if not text:
-        raise ClientError(f"no server: give --server https://... (make submit SERVER=...) or set "
-                          f"{SERVER_ENV}; your instructor gives the address", EXIT_USAGE)
-    url = urllib.parse.urlsplit(text.strip())
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ClientError(f"--server {text!r}: give the service's address as https://host[:port] "
-                          f"(http:// only for this machine)", EXIT_USAGE)
-    if url.scheme == "http" and not _loopback(url.hostname):
-        print(f"warning: {text} is plain http: your token and code travel unencrypted; use the "
-              f"https:// address if your course has one", file=sys.stderr)
-    return urllib.parse.urlunsplit((url.scheme, url.netloc, url.path.rstrip("/"), "", ""))
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-@dataclasses.dataclass(frozen=True)
-class Token:
-    """The student's token, and where it came from ('token': typed; 'env': $GRADER_TOKEN; or
-    the file's path), so that a printed next command passes it the same way."""
-    value: str
-    source: str
-
-    def __repr__(self) -> str:   # never in a traceback or a log
-        return f"Token(source={self.source!r})"
-
-
-def read_token(token: str | None, token_file: Path | None) -> Token:
-    """The token from --token, else --token-file's first line, else $GRADER_TOKEN."""
-    source = "token" if token is not None else str(token_file) if token_file else "env"
-    if token is None and token_file is not None:
-        try:
-            lines = token_file.read_text().split()
-        except OSError as e:
-            raise ClientError(f"--token-file {token_file}: cannot read it ({e.strerror})",
-                              EXIT_USAGE) from None
-        token = lines[0] if lines else ""
-        if not token:
-            raise ClientError(f"--token-file {token_file} is empty: put your token in it",
-                              EXIT_USAGE)
-    if token is None:
-        token = os.environ.get(TOKEN_ENV, "")
-    token = token.strip()
-    if not token:
-        raise ClientError(f"no token: give --token-file FILE, set {TOKEN_ENV}, or --token T "
-                          f"(make submit TOKEN=... or TOKEN_FILE=...); your instructor sent "
-                          f"you yours", EXIT_USAGE)
-    return Token(token, source)
-
-
-# ---------------------------------------------------------------------------- packing a folder
-
-
-@dataclasses.dataclass(frozen=True)
-class Packed:
-    """A submission folder as it is sent: the .zip's bytes, the files in it (relative, with their
-    sizes), and what was left out with why."""
-    data: bytes
-    files: tuple[tuple[str, int], ...]
-    left_out: tuple[tuple[str, str], ...]
-
-    @property
-    def unpacked_bytes(self) -> int:
-        return sum(size for _, size in self.files)
-
-
-def pack_folder(folder: Path, limits: config.ArchiveLimits = config.STUDENT_ARCHIVE) -> Packed:
-    """`folder` as an in-memory .zip, files at its root, within `limits` (the drop's own, which
-    the service unpacks with); ClientError (usage) for a folder that is no submission, (refused)
-    over a limit, naming the largest files."""
-    problem = submission_problem(folder)
-    if problem:
-        raise ClientError(problem, EXIT_USAGE)
-    chosen, left_out = _choose_files(folder, limits.max_files)
-    total = sum(size for _, _, size in chosen)
-    if len(chosen) > limits.max_files or total > limits.max_bytes:
-        raise ClientError(_too_large(folder, chosen, limits), EXIT_REFUSED)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
-        for rel, path, size in chosen:
-            try:   # never through a link, never a pipe or device (submission.open_regular)
-                data = read_regular(path, size + (1 << 20))
-            except OSError as e:
-                raise ClientError(f"{folder / rel}: cannot read it ({e.strerror or e})",
-                                  EXIT_USAGE) from None
-            info = zipfile.ZipInfo(rel, date_time=_zip_time(path))
-            info.external_attr = 0o644 << 16   # a plain file, whatever it was here
-            z.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
-    data = buffer.getvalue()
-    if total > limits.ratio_floor_bytes and total > limits.max_ratio * len(data):
-        raise ClientError(f"{folder} packs {_size(total)} into {_size(len(data))}, more than "
-                          f"{limits.max_ratio:g} to 1: the service refuses such an archive (a zip "
-                          f"bomb's ratio). {_largest(chosen)}. Leave generated data out of the "
-                          f"folder: a submission is its source files. Nothing was sent",
-                          EXIT_REFUSED)
-    return Packed(data, tuple((rel, size) for rel, _, size in chosen), tuple(left_out))
-
-
-def submission_problem(folder: Path) -> str:
-    """Why `folder` is not a submission folder ('' if it is): it must be a folder holding
-    submission.cu or submission.py, not both (the service refuses the rest with 422)."""
-    example = "for example: make submit SUBMISSION=student (python -m grader submit student)"
-    if not folder.is_dir():
-        if folder.name in (CUDA_FILE, PYTHON_FILE):
-            return f"{folder} is a file; submit the folder that holds it: {folder.parent}"
-        return f"{folder}: no such folder. Submit the folder that holds your submission, {example}"
-    has_cu, has_py = (folder / CUDA_FILE).is_file(), (folder / PYTHON_FILE).is_file()
-    if has_cu and has_py:
-        return (f"{folder} has both {CUDA_FILE} and {PYTHON_FILE}; a submission is one of them. "
-                f"Remove the one you do not want graded")
-    if not (has_cu or has_py):
-        return (f"{folder} has neither {CUDA_FILE} nor {PYTHON_FILE}: submit the folder that "
-                f"holds yours, {example}")
-    return ""
-
-
-def _choose_files(folder: Path, max_files: int) -> tuple[list[tuple[str, str, int]],
-                                                          list[tuple[str, str]]]:
-    """(rel, path, size) of every file to send, and (rel, why) of what is left out. Entries are
-    looked at with lstat only (no link followed); left-out folders are not walked; the walk stops
-    past `max_files` files (the caller refuses the folder then)."""
-    chosen: list[tuple[str, str, int]] = []
-    left_out: list[tuple[str, str]] = []
-    stack = [""]
-    while stack and len(chosen) <= max_files:
-        rel_dir = stack.pop()
-        try:
-            with os.scandir(folder / rel_dir if rel_dir else folder) as it:
-                children = sorted(it, key=lambda e: e.name)
-        except OSError as e:
-            raise ClientError(f"{folder / rel_dir}: cannot list it ({e.strerror}); make it "
-                              f"readable or move it out of the folder", EXIT_USAGE) from None
-        subdirs = []
-        for child in children:
-            rel = f"{rel_dir}/{child.name}" if rel_dir else child.name
-            try:
-                st = child.stat(follow_symlinks=False)
-            except OSError:
-                continue   # gone since the listing
-            why = _left_out(folder, rel, child.name, st.st_mode)
-            if why:
-                left_out.append((rel + ("/" if stat.S_ISDIR(st.st_mode) else ""), why))
-            elif stat.S_ISDIR(st.st_mode):
-                subdirs.append(rel)
-            else:
-                chosen.append((rel, child.path, st.st_size))
-        stack.extend(reversed(subdirs))
-    return chosen, left_out
-
-
-def _left_out(folder: Path, rel: str, name: str, mode: int) -> str:
-    """Why an entry is not sent ('' if it is)."""
-    if name.startswith("."):
-        return "hidden"
-    if stat.S_ISDIR(mode):
-        if name in BUILD_DIRS or name.endswith(".egg-info"):
-            return "build output"
-        if (folder / rel / CUDA_FILE).is_file() or (folder / rel / PYTHON_FILE).is_file():
-            return "another submission folder: send it by itself"
-        return ""
-    if stat.S_ISLNK(mode):
-        return "a link: copy the file itself into the folder if your submission needs it"
-    if not stat.S_ISREG(mode):
-        return "not a regular file"
-    if name.endswith(BUILD_SUFFIXES):
-        return "build output"
-    return ""
-
-
-def _zip_time(path: str) -> tuple[int, int, int, int, int, int]:
-    t = time.localtime(os.lstat(path).st_mtime)
-    return (max(t.tm_year, 1980), t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec)
-
-
-def _too_large(folder: Path, chosen: list, limits: config.ArchiveLimits) -> str:
-    total = sum(size for _, _, size in chosen)
-    return (f"{folder} is too large to submit: {len(chosen)} files, {_size(total)}; the course "
-            f"takes at most {limits.max_files} files and {_size(limits.max_bytes)}. "
-            f"{_largest(chosen)}. A submission is its source files: move data, builds and "
-            f"outputs out of the folder. Nothing was sent")
-
-
-def _largest(chosen: list, n: int = 5) -> str:
-    top = sorted(chosen, key=lambda c: -c[2])[:n]
-    return "The largest: " + ", ".join(f"{rel} ({_size(size)})" for rel, _, size in top)
-
-
-def _size(n: int) -> str:
-    if n < 1 << 10:
-        return f"{n} B"
-    if n < 1 << 20:
-        return f"{n / (1 << 10):.1f} KB"
-    return f"{n / (1 << 20):.1f} MB"
-
-
-# ---------------------------------------------------------------------------- HTTP
-
-
-@dataclasses.dataclass(frozen=True)
-class Answer:
-    """A 2xx answer's JSON body."""
-    status: int
-    body: dict
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is reported, not followed: urllib would resend a POST as a GET, bodiless."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
-def request(server: str, method: str, path: str, token: Token, *, body: bytes | None = None,
-            content_type: str = "") -> Answer:
-    """One request to the service; ClientError with the student's message for anything but a
-    2xx JSON answer."""
-    req = urllib.request.Request(server + path, data=body, method=method, headers={
-        "Authorization": f"Bearer {token.value}", "Accept": "application/json",
-        "User-Agent": f"flash-grader-client/{__version__}",
-        **({"Content-Type": content_type} if content_type else {})})
-    try:
-        with _OPENER.open(req, timeout=TIMEOUT_S) as r:
-            return Answer(r.status, _json(server, r.status, r.headers, r.read()))
-    except urllib.error.HTTPError as e:
-        raise _refusal(server, e) from None
-    except urllib.error.URLError as e:
-        raise ClientError(_unreachable(server, e.reason), EXIT_UNREACHABLE) from None
-    except (TimeoutError, socket.timeout) as e:
-        raise ClientError(_unreachable(server, e), EXIT_UNREACHABLE) from None
-    except (OSError, ValueError) as e:   # a connection cut mid-answer, a malformed URL
-        raise ClientError(_unreachable(server, e), EXIT_UNREACHABLE) from None
-
-
-def _json(server: str, status: int, headers, raw: bytes) -> dict:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        kind = headers.get("Content-Type", "no content type") if headers else "no content type"
-        raise ClientError(f"{server} answered HTTP {status} with {kind}, not the check service's "
-                          f"JSON: check that --server (SERVER=) is the address your instructor "
-                          f"gave, https:// included", EXIT_UNREACHABLE)
-    return body
-
-
-def _refusal(server: str, e: urllib.error.HTTPError) -> ClientError:
-    """An HTTP error status as the student reads it: the server's reason and the status."""
-    try:
-        raw = e.read()
-    except OSError:
-        raw = b""
-    try:
-        detail = json.loads(raw).get("detail", "")
-    except (ValueError, AttributeError):
-        detail = ""
-    if 300 <= e.code < 400:
-        where = e.headers.get("Location", "elsewhere") if e.headers else "elsewhere"
-        return ClientError(f"{server} redirects to {where} (HTTP {e.code}): give that address as "
-                           f"--server (SERVER=)", EXIT_UNREACHABLE)
-    if not detail:
-        detail = raw.decode("utf-8", "replace").strip()[:300] or e.reason or "no reason given"
-    said = f"the server refused (HTTP {e.code}): {detail}"
-    if e.code == 429:
-        retry = (e.headers.get("Retry-After") or "").strip() if e.headers else ""
-        if retry.isdigit():
-            at = datetime.datetime.now() + datetime.timedelta(seconds=int(retry))
-            said += f"\nTry again after {at:%H:%M} (your clock; Retry-After: {retry} s)"
-    if e.code >= 500:
-        return ClientError(f"{said}\nThe service itself failed: try again in a minute; if it "
-                           f"keeps failing, tell your instructor", EXIT_UNREACHABLE)
-    return ClientError(said, EXIT_REFUSED)
-
-
-def _unreachable(server: str, reason) -> str:
-    """What failed when the server could not be reached, and what to check."""
-    host = urllib.parse.urlsplit(server).hostname or server
-    if isinstance(reason, ConnectionRefusedError):
-        return (f"cannot connect to {server}: connection refused. Check the address and port "
-                f"(--server, SERVER=); if they are right, the service is not running: tell your "
-                f"instructor")
-    if isinstance(reason, socket.gaierror):
-        return (f"cannot find the server {host} ({server}): check the spelling of --server "
-                f"(SERVER=) and that this machine is online")
-    if isinstance(reason, ssl.SSLCertVerificationError):
-        return (f"{server}: its TLS certificate is not trusted here ({reason.verify_message}). "
-                f"Check the address; if your course uses its own certificate authority, point "
-                f"SSL_CERT_FILE at the file your instructor gives")
-    if isinstance(reason, ssl.SSLError):
-        return (f"{server}: the TLS connection failed ({reason}). Check the address: https:// "
-                f"for the service's public address, http:// only if your instructor said so")
-    if isinstance(reason, (TimeoutError, socket.timeout)):
-        return (f"{server} did not answer within {TIMEOUT_S} s: check the address and your "
-                f"network; the service may be overloaded: try again in a few minutes")
-    why = getattr(reason, "strerror", None) or str(reason)
-    return f"cannot reach {server}: {why}. Check the address (--server, SERVER=) and your network"
-
-
-def multipart(fields: dict[str, str], filename: str, data: bytes) -> tuple[bytes, str]:
-    """(body, content type) of a multipart/form-data form: `fields`, then `file` holding data."""
-    boundary = f"----flash-grader-{uuid.uuid4().hex}"
-    parts = [f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n"
-             .encode() for name, value in fields.items()]
-    parts.append(f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename="
-                 f"\"{filename}\"\r\nContent-Type: application/zip\r\n\r\n".encode())
-    return b"".join(parts) + data + f"\r\n--{boundary}--\r\n".encode(), \
-        f"multipart/form-data; boundary={boundary}"
-
-
 # ---------------------------------------------------------------------------- submit
 
 
@@ -495,8 +153,8 @@ def submit(server: str, token: Token, folder: Path, *, kind: str) -> int:
     packed = pack_folder(folder)
     name = re.sub(r"[^A-Za-z0-9._-]", "_", folder.absolute().name) or "submission"
     body, content_type = multipart({"kind": kind}, f"{name}.zip", packed.data)
-    print(f"sending {folder}: {len(packed.files)} file(s), {_size(packed.unpacked_bytes)} "
-          f"({_size(len(packed.data))} packed) to {server}", flush=True)
+    print(f"sending {folder}: {len(packed.files)} file(s), {human_size(packed.unpacked_bytes)} "
+          f"({human_size(len(packed.data))} packed) to {server}", flush=True)
     if packed.left_out:
         print("  left out: " + "; ".join(f"{rel} ({why})" for rel, why in packed.left_out[:8])
               + (f"; and {len(packed.left_out) - 8} more" if len(packed.left_out) > 8 else ""))
@@ -505,7 +163,7 @@ def submit(server: str, token: Token, folder: Path, *, kind: str) -> int:
                          content_type=content_type)
     except ClientError as e:
         if "HTTP 413" in str(e):   # over the course's upload_mb, which only the server knows
-            raise ClientError(f"{e}\n{_largest([(r, '', s) for r, s in packed.files])}",
+            raise ClientError(f"{e}\n{largest([(r, '', s) for r, s in packed.files])}",
                               e.code) from None
         raise
     job_id = str(answer.body.get("id", ""))

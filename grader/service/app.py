@@ -66,17 +66,7 @@ def create_app(store: Store, policy: Policy, *, scratch: Path | None = None,
     home_page = render_home(policy)
 
     def identify(request: Request) -> Identity:
-        header = request.headers.get("authorization", "")
-        token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
-        if not token:
-            raise Refused(401, "no token: send 'Authorization: Bearer TOKEN' with the token your "
-                               "instructor gave you (make submit TOKEN=...)")
-        who, why = store.identify(token)
-        if who is None:
-            raise Refused(401, "this token was revoked: ask your instructor for a new one"
-                          if why == "revoked" else "unknown token: check it against the one your "
-                                                   "instructor gave you")
-        return who
+        return _identify(store, request)
 
     async def submit(request: Request) -> JSONResponse:
         remote = request.client.host if request.client else ""
@@ -84,15 +74,7 @@ def create_app(store: Store, policy: Policy, *, scratch: Path | None = None,
         try:
             who = identify(request)
             folder = who.folder
-            if who.instructor:
-                raise Refused(403, "the instructor's token submits nothing: use a student's")
-            deadline = policy.service_deadline
-            if deadline is not None and clock() > deadline:
-                raise Refused(403, f"the deadline passed at {deadline.isoformat()}: nothing more "
-                                   f"is accepted")
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > max_bytes + FORM_OVERHEAD:
-                raise Refused(413, _too_large(int(length), max_bytes))
+            _may_send(who, request, policy, clock(), max_bytes)
             kind = request.query_params.get("kind", "")
             form = await _form(request, max_bytes)
             kind = str(form.get("kind") or kind)
@@ -157,6 +139,36 @@ def _result_for(result: str | None, who: Identity) -> dict | None:
     if not result:
         return None
     return json.loads(result) if who.instructor else student_view(result)
+
+
+def _identify(store: Store, request: Request) -> Identity:
+    """The live student (or the instructor) whose token the request carries; Refused (401)."""
+    header = request.headers.get("authorization", "")
+    token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+    if not token:
+        raise Refused(401, "no token: send 'Authorization: Bearer TOKEN' with the token your "
+                           "instructor gave you (make submit TOKEN=...)")
+    who, why = store.identify(token)
+    if who is None:
+        raise Refused(401, "this token was revoked: ask your instructor for a new one"
+                      if why == "revoked" else "unknown token: check it against the one your "
+                                               "instructor gave you")
+    return who
+
+
+def _may_send(who: Identity, request: Request, policy: Policy, now: datetime.datetime,
+              max_bytes: int) -> None:
+    """Refused (403) for the instructor's token or after the deadline, (413) for a body its
+    length says is too large: before a byte of it is read."""
+    if who.instructor:
+        raise Refused(403, "the instructor's token submits nothing: use a student's")
+    deadline = policy.service_deadline
+    if deadline is not None and now > deadline:
+        raise Refused(403, f"the deadline passed at {deadline.isoformat()}: nothing more "
+                           f"is accepted")
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes + FORM_OVERHEAD:
+        raise Refused(413, _too_large(int(length), max_bytes))
 
 
 async def _form(request: Request, max_bytes: int):
