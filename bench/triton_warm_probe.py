@@ -12,6 +12,8 @@ timed to its synchronize:
     warm           an empty JIT folder, Triton warmed first (warm_s: what moved off the turn)
     ahead          the folder seeded by the build's compile ahead (grader/build/ahead.py)
     ahead+warm     both
+    ahead+warm+profiler       both, each call under the run stage's profiler (loop.py's "call")
+    ahead+warm+profiler+load  the same with every CPU but two kept busy, as a course's builds do
 
 The figure that decides each is `first_calls_s`: the cases' first calls, the run stage's JIT
 part, on the GPU's critical path. A trusted submission only, no sandbox. Writes the figures with
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,10 +48,20 @@ from grader.subject.load import load
 from grader.problem import make_random_inputs
 t = time.perf_counter(); fn = load(dict(kind="python", source=sys.argv[1])); load_s = time.perf_counter() - t
 calls = []
+profiled = sys.argv[4] == "1"   # each call under the run stage's own profiler (loop.py's "call")
+if profiled:
+    from torch.profiler import profile
+    from grader.subject.loop import call_activities, launched_names
 for shape in json.loads(sys.argv[2]):
     q, k, v = make_random_inputs(tuple(shape), seed=1, device="cuda")
     torch.cuda.synchronize()
-    t = time.perf_counter(); fn(q, k, v); torch.cuda.synchronize()
+    t = time.perf_counter()
+    if profiled:
+        with profile(activities=call_activities("cuda")) as prof:
+            fn(q, k, v); torch.cuda.synchronize()
+        launched_names(prof, "cuda")
+    else:
+        fn(q, k, v); torch.cuda.synchronize()
     calls.append(round(time.perf_counter() - t, 4))
 print(json.dumps(dict(start_s=round(start_s, 3), warm_s=round(warm_s, 3), warm_failed=failed,
                       load_s=round(load_s, 3), first_calls_s=round(sum(calls), 3), calls_s=calls)))
@@ -81,7 +94,8 @@ def main() -> None:
                               build_dir=Path(tmp) / "build", device=device, limits=limits,
                               sandbox=None, cases=cases, log_path=Path(tmp) / "ahead.log")
         ahead_ok = bool(built.compiled_ahead)
-        for way in ("cold", "warm", "ahead", "ahead+warm"):
+        for way in ("cold", "warm", "ahead", "ahead+warm", "ahead+warm+profiler",
+                    "ahead+warm+profiler+load"):
             if way.startswith("ahead") and not ahead_ok:
                 log = Path(tmp) / "ahead.log"
                 rows[way] = dict(skipped="nothing compiled ahead: "
@@ -91,9 +105,20 @@ def main() -> None:
                            BuildResult(Status.PASS, "import", 1.0)) as jit:
                 env = {**child_env(cuda=True), "TRITON_CACHE_DIR": str(jit / "triton"),
                        "PYTHONPATH": str(ROOT)}
-                proc = subprocess.run([sys.executable, "-c", ONE, str(sub.source), json.dumps(shapes),
-                                       "1" if way.endswith("warm") else "0"],
-                                      env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+                # the course's load: every CPU but two busy, as the builds keep them
+                load = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                        for _ in range(max(0, (os.cpu_count() or 2) - 2))] if "load" in way else []
+                # the run's sandbox does not see the build folder (what it compiled is in the copy)
+                (Path(tmp) / "build").rename(Path(tmp) / "build-unseen")
+                try:
+                    proc = subprocess.run([sys.executable, "-c", ONE, str(sub.source), json.dumps(shapes),
+                                           "1" if "warm" in way else "0",
+                                           "1" if "profiler" in way else "0"],
+                                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+                finally:
+                    (Path(tmp) / "build-unseen").rename(Path(tmp) / "build")
+                    for busy in load:
+                        busy.kill()
                 rows[way] = (json.loads(proc.stdout.splitlines()[-1]) if proc.returncode == 0
                              else dict(error=proc.stderr[-1500:]))
             print(way, json.dumps(rows[way]), flush=True)
@@ -101,9 +126,9 @@ def main() -> None:
                   device=device.name, uuid=getattr(device, "uuid", None), torch=device.torch_version,
                   submission=a.submission, shapes=shapes, ways=rows)
     Path(a.out).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'way':<12}{'warm s':>8}{'first calls s':>15}")
+    print(f"{'way':<26}{'warm s':>8}{'first calls s':>15}  calls s")
     for way, r in rows.items():
-        print(f"{way:<12}{r.get('warm_s', '-'):>8}{r.get('first_calls_s', '-'):>15}")
+        print(f"{way:<26}{r.get('warm_s', '-'):>8}{r.get('first_calls_s', '-'):>15}  {r.get('calls_s', '')}")
 
 
 if __name__ == "__main__":

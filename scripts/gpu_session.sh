@@ -92,7 +92,18 @@ task() {
         # seconds it is given), and one kernel's course on 1 GPU and on 2 (TWO_STOP each)
         course) out=${COURSE_OUT:-bench/grader_bench_course.json}
                 make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --stop-after ${COURSE_STOP:-900} --out $out" \
-                    ; s=$?; cp "$out" "$OUT/" 2>/dev/null; (exit $s) ;;
+                    ; s=$?; cp "$out" "$OUT/" 2>/dev/null
+                # where each Triton copy's kernels were compiled (folders.jit_report), and what
+                # each build compiled ahead (build/ahead.py)
+                grep -H "grader: Triton kernels" build/bench-grader/results-*/logs/*.run.log > "$OUT/jit_report.txt" 2>/dev/null
+                grep -H -A3 "compiled ahead, with no GPU" build/bench-grader/results-*/logs/*.build.log > "$OUT/ahead_report.txt" 2>/dev/null
+                # each Triton copy's first call on each case (CaseResult.run_s), and its run stage's parts
+                python3 -c 'import glob, json
+for f in sorted(glob.glob("build/bench-grader/results-*/**/triton_flash_*.json", recursive=True)):
+    try: r = json.load(open(f))
+    except Exception: continue
+    print(f.rsplit("/", 1)[-1], [c.get("run_s") for c in r.get("cases", [])], r.get("stage_s"))' > "$OUT/case_run_s.txt" 2>&1
+                (exit $s) ;;
         # Triton's kernels compiled ahead, with no GPU, found by a run on the GPU (tests/test_ahead.py)
         ahead) make env && .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_ahead.py -k "gpu or seed_its_run or warm" ;;
         # which part of Triton's cache key differs between the build's sandbox and the run's (issue 32)

@@ -74,8 +74,13 @@ def test_a_triton_submission_s_kernels_are_compiled_in_its_build_and_seed_its_ru
     with jit_cache(sub, ON, built) as jit:
         copied = sorted(p.relative_to(jit / "triton") for p in files_under(jit / "triton"))
         assert copied == sorted(p.relative_to(folder) for p in files_under(folder))
+        written = {(p, p.stat().st_ino) for p in files_under(jit / "triton")}
+        # the run's sandbox does not see the build folder: nothing in the copy may lead there
+        # (Triton's group files named it, and every kernel was compiled again: session 25)
+        (tmp_path / "build").rename(tmp_path / "build-unseen")
         # another process compiling the same kernels in that folder finds every one there and
-        # adds nothing: the key is the kernel's source, its specialisation and the target
+        # writes nothing, not even a file again: the key is the kernel's source, its
+        # specialisation and the target
         request = dict(target=dict(kind="python", source=str(sub.source)), capability=90,
                        shapes=[list(c.shape) for c in CASES], deadline=time.monotonic() + 300)
         env = {**child_env(cuda=True), "TRITON_CACHE_DIR": str(jit / "triton")}
@@ -84,7 +89,7 @@ def test_a_triton_submission_s_kernels_are_compiled_in_its_build_and_seed_its_ru
                                "--compile-ahead", json.dumps(request)], env=env,
                               capture_output=True, text=True, timeout=600)
         assert '"ok": true' in proc.stdout, proc.stdout + proc.stderr[-2000:]
-        assert sorted(p.relative_to(jit / "triton") for p in files_under(jit / "triton")) == copied
+        assert {(p, p.stat().st_ino) for p in files_under(jit / "triton")} == written
 
 
 def _submission(make_submission, name: str, body: str) -> Submission:
@@ -161,7 +166,8 @@ def test_only_a_passing_triton_build_on_a_gpu_machine_compiles_ahead(make_submis
 def test_a_seed_with_a_link_a_fifo_or_too_many_files_is_not_used(tmp_path):
     """Only regular files of Triton's cache reach a run's JIT folder: a folder holding a link
     (to another submission's files, or the grader's) or a device is not used at all, nor one
-    past the limits; native libraries and an autotuner's choice are never copied."""
+    past the limits; an autotuner's choice is never copied. Triton's launcher libraries are: only
+    the submission's own processes load from its JIT folder, and they may write there anyway."""
     def seed(name: str) -> Path:
         folder = tmp_path / name / "triton" / "KEY"
         folder.mkdir(parents=True)
@@ -174,8 +180,8 @@ def test_a_seed_with_a_link_a_fifo_or_too_many_files_is_not_used(tmp_path):
     (good / "KEY" / "k.autotune.json").write_text("{}")
     jit = tmp_path / "jit-good"
     jit.mkdir()
-    assert seed_jit_folder(str(good), jit) == 2
-    assert sorted(p.name for p in files_under(jit)) == ["k.cubin", "k.json"]
+    assert seed_jit_folder(str(good), jit) == 3
+    assert sorted(p.name for p in files_under(jit)) == ["k.cubin", "k.json", "launcher.so"]
 
     linked = seed("linked")
     secret = tmp_path / "secret.txt"
@@ -192,6 +198,26 @@ def test_a_seed_with_a_link_a_fifo_or_too_many_files_is_not_used(tmp_path):
         out.mkdir()
         assert seed_jit_folder(str(bad), out) == 0 and not files_under(out)
     assert seed_jit_folder("", tmp_path) == 0 and seed_jit_folder(str(tmp_path / "none"), tmp_path) == 0
+
+
+def test_a_seed_s_groups_name_only_the_copies_in_their_own_key_folder(tmp_path):
+    """Triton finds a kernel through its group file's absolute paths. The copy's groups name the
+    copies (the build folder is not in the run's sandbox), and only files of their own key folder:
+    a group naming another submission's file or the grader's names a file of that folder
+    instead; a group that is not Triton's is not copied (its kernel is compiled in the turn)."""
+    seed = tmp_path / "build" / "ahead" / "triton"
+    (seed / "KEY").mkdir(parents=True)
+    (seed / "KEY" / "k.cubin").write_bytes(b"\0")
+    (seed / "KEY" / "__grp__k.json").write_text(json.dumps({"child_paths": {
+        "k.cubin": str(seed / "KEY" / "k.cubin"), "k.json": "/etc/passwd"}}))
+    (seed / "KEY" / "__grp__bad.json").write_text("{not json")
+    jit = tmp_path / "jit"
+    jit.mkdir()
+    assert seed_jit_folder(str(seed), jit) == 2
+    group = json.loads((jit / "KEY" / "__grp__k.json").read_text())
+    assert group == {"child_paths": {"k.cubin": str(jit / "KEY" / "k.cubin"),
+                                     "k.json": str(jit / "KEY" / "passwd")}}
+    assert not (jit / "KEY" / "__grp__bad.json").exists()
 
 
 # ---------------------------------------------------------------- on the GPU machine (make test-gpu)
@@ -217,7 +243,8 @@ print(json.dumps(out))
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
 def test_on_the_gpu_a_run_finds_every_kernel_compiled_ahead(tmp_path):
     """Compiled with no GPU for this GPU's target, each kernel is what the run's Triton looks up:
-    the run compiles nothing (no cubin is added to its JIT folder) and its outputs are right."""
+    the run compiles nothing and builds no launcher (no cubin or launcher library is added to its
+    JIT folder) and its outputs are right."""
     from grader.isolation.device import detect
     device = detect()
     built = compile_ahead(example(), PASSED, build_dir=tmp_path / "build", device=device,
@@ -225,14 +252,18 @@ def test_on_the_gpu_a_run_finds_every_kernel_compiled_ahead(tmp_path):
                           log_path=tmp_path / "log")
     assert built.compiled_ahead, (tmp_path / "log").read_text()[-3000:]
     with jit_cache(example(), ON, built) as jit:
-        before = {p.relative_to(jit) for p in files_under(jit) if p.suffix == ".cubin"}
+        (tmp_path / "build").rename(tmp_path / "build-unseen")   # as the run's sandbox sees it
+        before = {(p.relative_to(jit), p.stat().st_ino) for p in files_under(jit)
+                  if p.suffix == ".cubin" or "launcher" in p.name}
         env = {**child_env(cuda=True), "TRITON_CACHE_DIR": str(jit / "triton")}
         proc = subprocess.run([sys.executable, "-c", RUN_ON_GPU, str(example().source),
                                json.dumps([list(c.shape) for c in CASES])],
                               env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        after = {p.relative_to(jit) for p in files_under(jit) if p.suffix == ".cubin"}
-    assert len(before) == 2 and after == before, (before, after)
+        after = {(p.relative_to(jit), p.stat().st_ino) for p in files_under(jit)
+                 if p.suffix == ".cubin" or "launcher" in p.name}
+    # nothing written again (a cache miss replaces the file in its key folder: a new inode)
+    assert len([p for p, _ in before if p.suffix == ".cubin"]) == 2 and after == before, (before, after)
     for r in json.loads(proc.stdout.splitlines()[-1]):
         assert r["err"] < 1e-2, r
 
@@ -306,21 +337,32 @@ def test_on_the_gpu_warming_triton_builds_its_driver_module_in_the_jit_folder(tm
 
 
 def test_the_run_log_says_how_many_kernels_were_compiled_ahead_and_how_many_in_the_turn(tmp_path):
-    """jit_report: the kernels (cache keys with a cubin) the JIT folder held when the GPU stages
-    began, against those they added: what says whether compiling ahead paid (issue 32)."""
+    """jit_report: the kernels (cache keys with a cubin) and native launchers the JIT folder held
+    when the GPU stages began, against those they added: what says whether compiling ahead paid
+    (issue 32)."""
     from grader.stages.folders import jit_report
     seed = tmp_path / "ahead" / "triton"
     for key in ("KEYA", "KEYB"):
         (seed / key).mkdir(parents=True)
         (seed / key / "_attention_kernel.cubin").write_bytes(b"\0")
         (seed / key / "_attention_kernel.json").write_text("{}")
+    (seed / "KEYL").mkdir()
+    (seed / "KEYL" / "__triton_launcher.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\0")
     built = BuildResult(Status.PASS, "import", 1.0, compiled_ahead=str(seed))
     with jit_cache(example(), ON, built) as jit:
-        assert jit_report(jit) == "grader: Triton kernels: 2 compiled in the build, 0 compiled in the GPU stages' turn\n"
+        assert jit_report(jit) == ("grader: Triton kernels: 2 compiled in the build, 0 compiled in "
+                                   "the GPU stages' turn; launchers: 1 built in the build, 0 in the turn\n")
         (jit / "triton" / "KEYC").mkdir()
         (jit / "triton" / "KEYC" / "_attention_kernel.cubin").write_bytes(b"\0")
         (jit / "triton" / "KEYD").mkdir()   # a launcher's folder: no kernel
-        assert jit_report(jit).startswith("grader: Triton kernels: 2 compiled in the build, 1 ")
+        (jit / "triton" / "KEYD" / "__triton_launcher.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\0")
+        assert jit_report(jit) == ("grader: Triton kernels: 2 compiled in the build, 1 compiled in "
+                                   "the GPU stages' turn; launchers: 1 built in the build, 1 in the turn\n")
+        # a cache miss compiles into the same key folder, replacing the file: compiled in the turn
+        again = jit / "triton" / "KEYA" / "_attention_kernel.cubin"
+        (jit / "again.tmp").write_bytes(b"\1")
+        os.replace(jit / "again.tmp", again)
+        assert jit_report(jit).startswith("grader: Triton kernels: 2 compiled in the build, 2 ")
     assert jit_report(jit) == ""   # the folder is gone with its GPU stages
     with jit_cache(example(), ON, PASSED) as jit:
         assert jit_report(jit) == ""   # nothing compiled anywhere: nothing to say

@@ -12,9 +12,12 @@ The invariant: **what was compiled ahead changes nothing but how long a run stag
 - Its outcome is never a verdict: a failure, a timeout or a folder over its limits keeps nothing,
   and the run stage compiles as before. The build's verdict is the import check's.
 - What is kept is what the submission's own run stage could have written into its own JIT folder:
-  regular files of Triton's cache, no links, no devices, no native libraries (Triton's launcher is
-  built where it is loaded, in the run stage), no autotuner's choices (measured nowhere), within
-  AHEAD_KEEP_FILES and AHEAD_KEEP_BYTES; the folder is another submission's never.
+  regular files of Triton's cache, no links, no devices, no autotuner's choices (measured
+  nowhere), within AHEAD_KEEP_FILES and AHEAD_KEEP_BYTES; the folder is another submission's
+  never. That includes Triton's native launchers (built by Triton from its own generated C with
+  the host's compiler): only the submission's own processes load anything from its JIT folder,
+  and they may write any file there in their turn, so a library kept from the build gives the
+  submission nothing its turn does not already have.
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ AHEAD_FOLDER = "ahead"   # in the submission's build folder: Triton's cache unde
 # What is kept of it (Triton's cache of one kernel is a few files of a few hundred KB).
 AHEAD_KEEP_FILES = 500
 AHEAD_KEEP_BYTES = 64 << 20
-# Files of Triton's cache never kept: native code (its launcher library) and an autotuner's choice.
-NOT_KEPT = (".so", ".autotune.json")
+# Files of Triton's cache never kept: an autotuner's choice (its timings were taken with no GPU).
+NOT_KEPT = (".autotune.json",)
+# Triton's group files: which files make up one kernel, by absolute path (seed_jit_folder, regrouped).
+GROUP_PREFIX = "__grp__"
 # The child stops calling this long before it is killed, so that what it compiled is written whole.
 AHEAD_STOP_S = 5.0
 
@@ -138,7 +143,8 @@ def seed_jit_folder(seed: str | None, jit_triton: Path) -> int:
     """Copy what was compiled ahead (`seed`: BuildResult.compiled_ahead) into a run's fresh
     Triton cache folder: regular files only, never a link or what NOT_KEPT names, within the
     limits keepable checks again (the folder is looked at anew: nothing of it is trusted from
-    the build). Returns the number of files copied (0 when nothing is usable)."""
+    the build); Triton's group files name the copies (regrouped). Returns the number of files
+    copied (0 when nothing is usable)."""
     if not seed or keepable(Path(seed)) is None:
         return 0
     copied = 0
@@ -151,10 +157,31 @@ def seed_jit_folder(seed: str | None, jit_triton: Path) -> int:
             if not stat.S_ISREG(os.lstat(source).st_mode):
                 continue
             (jit_triton / rel).mkdir(parents=True, exist_ok=True)
-            with open(source, "rb", opener=_no_follow) as src, open(jit_triton / rel / name, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+            with open(source, "rb", opener=_no_follow) as src:
+                data = src.read(AHEAD_KEEP_BYTES + 1)
+            if name.startswith(GROUP_PREFIX):
+                data = regrouped(data, jit_triton / rel)
+                if data is None:   # not Triton's: the kernel is compiled in its turn
+                    continue
+            (jit_triton / rel / name).write_bytes(data)
             copied += 1
     return copied
+
+
+def regrouped(data: bytes, folder: Path) -> bytes | None:
+    """One of Triton's group files (`__grp__NAME.json`: {"child_paths": {file: absolute path}}),
+    its paths moved into `folder`, the copy's own key folder. Triton looks a kernel up by those
+    paths, and the build folder they name is not in the run's sandbox: a group copied unchanged
+    made every kernel compiled ahead a cache miss, compiled again in the turn (session 25's
+    course). Each path becomes that of the same file name in `folder`, so a group names nothing
+    outside its own key folder. None when `data` is not such a group."""
+    try:
+        group = json.loads(data)
+        paths = group["child_paths"]
+        moved = {str(child): str(folder / Path(str(path)).name) for child, path in paths.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return json.dumps({**group, "child_paths": moved}).encode()
 
 
 def _no_follow(path, flags):

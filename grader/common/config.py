@@ -59,9 +59,10 @@ class Limits:
     import_s: float = 120.0
     run_s: float = 240.0          # loading the submission and every case's first call, together
     # A Triton submission's kernels compiled in its build, with no GPU, one call per case shape
-    # (grader/build/ahead.py), within this limit; 0: not compiled ahead. Off until a GPU run
-    # shows it pays: the one cold 100-copy course with it on (GRADER_AHEAD_S=90) graded 48 in
-    # 600 s, its run stages no shorter (notes/throughput.md, session 23).
+    # (grader/build/ahead.py), within this limit; 0: not compiled ahead. Off until a whole cold
+    # course shows it pays: session 25's short course with it on (GRADER_AHEAD_S=90) cut a Triton
+    # copy's run stage from about 4 s to 1.7 s once the seed was found (ahead.regrouped), at 6-9 s
+    # of build CPU a copy (notes/throughput.md, session 25).
     ahead_s: float = 0.0
     # One case's first call on a GPU (issue 13: a hung kernel costs its case's limit, not the
     # run's): case_grace_s for what a first call loads (a Triton JIT compile, CUDA's lazy module

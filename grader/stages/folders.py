@@ -79,31 +79,37 @@ def jit_cache(sub: Submission, limits: config.Limits, build: BuildResult | None 
             SEEDED.pop(str(folder), None)
 
 
-# What each live JIT folder held when its GPU stages began (its Triton kernels' cache keys), for
-# jit_report: whether the kernels compiled in the build were the ones the run looked up.
-SEEDED: dict[str, set[str]] = {}
+# What each live JIT folder held when its GPU stages began (its Triton kernels and launchers),
+# for jit_report: whether what the build compiled was what the run looked up.
+SEEDED: dict[str, tuple[set, set]] = {}
 
 
-def _kernel_keys(jit: Path) -> set[str]:
-    """The cache keys (folders) of the Triton kernels in a JIT folder: those holding a cubin."""
+def _kernel_keys(jit: Path) -> tuple[set, set]:
+    """The Triton kernels (cubins) and native launchers (Triton before 3.7 builds one per kernel
+    signature) in a JIT folder, each as (path, inode): a file Triton wrote again in the turn (a
+    cache miss compiles into the same key folder, replacing the file) is a new one."""
     triton = jit / JIT_CACHE_VARS["TRITON_CACHE_DIR"]
+
+    def files(pattern: str) -> set:
+        return {(str(p.relative_to(triton)), p.stat().st_ino) for p in triton.glob(pattern)}
     try:
-        return {p.parent.name for p in triton.glob("*/*.cubin")}
+        return files("*/*.cubin"), files("*/*launcher*.so")
     except OSError:
-        return set()
+        return set(), set()
 
 
 def jit_report(jit: Path | None) -> str:
-    """One line for the instructor's run log: how many Triton kernels the submission's GPU stages
-    found compiled in its build and how many they compiled in their turn ('' for no JIT folder).
-    Issue 32: the build's compile ahead pays only where the second number is 0."""
+    """One line for the instructor's run log: how many Triton kernels and launchers the
+    submission's GPU stages found built in its build, and how many they built in their turn ('' for
+    no JIT folder). Issue 32: the build's compile ahead pays only where the turn built none."""
     if jit is None or str(jit) not in SEEDED:
         return ""
-    seeded, now = SEEDED[str(jit)], _kernel_keys(jit)
-    if not seeded and not now:
+    (kernels, launchers), (kernels_now, launchers_now) = SEEDED[str(jit)], _kernel_keys(jit)
+    if not kernels and not kernels_now:
         return ""
-    return (f"grader: Triton kernels: {len(seeded)} compiled in the build, {len(now - seeded)} "
-            f"compiled in the GPU stages' turn\n")
+    return (f"grader: Triton kernels: {len(kernels)} compiled in the build, "
+            f"{len(kernels_now - kernels)} compiled in the GPU stages' turn; launchers: "
+            f"{len(launchers)} built in the build, {len(launchers_now - launchers)} in the turn\n")
 
 
 def jit_env(env: dict, jit: Path) -> dict:
