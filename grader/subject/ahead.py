@@ -72,8 +72,8 @@ def compile_only(capability: int) -> None:
 def build_launcher(kernel) -> None:
     """The native launcher of a compiled kernel built into TRITON_CACHE_DIR, as its first launch
     would: Triton before 3.7 builds one per kernel signature with the host's C compiler (two for
-    the Triton example, 0.3 to 1 s each on a loaded machine: session 25's course found them the
-    only thing its turn still built). Nothing where this Triton builds none, or cannot here."""
+    the kit's Triton example, which session 25's course found its turn building). Nothing where
+    this Triton builds none, or cannot here."""
     try:
         from triton.backends.nvidia.driver import CudaLauncher
         CudaLauncher(kernel.src, kernel.metadata)
