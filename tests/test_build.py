@@ -463,6 +463,18 @@ def test_build_phase_reads_which_tool_the_build_runs(running, phase):
     assert build_watch.build_phase(list(reversed(running))) == phase   # the order /proc lists them in
 
 
+def test_python_alone_after_the_compile_is_not_called_starting():
+    """What a timeout's message names: Python alone before any tool ran is the build starting;
+    after nvcc or a tool ran, it is the build child's work after the compile."""
+    following = build_watch.following
+    assert following(build_watch.STARTING, "") == build_watch.STARTING
+    assert following(build_watch.STARTING, build_watch.STARTING) == build_watch.STARTING
+    assert following(build_watch.STARTING, "device code (cicc)") == build_watch.AFTER_COMPILE
+    assert following(build_watch.STARTING, "nvcc") == build_watch.AFTER_COMPILE
+    assert following(build_watch.STARTING, build_watch.AFTER_COMPILE) == build_watch.AFTER_COMPILE
+    assert following("ptxas", build_watch.AFTER_COMPILE) == "ptxas"   # a second compile (ninja)
+
+
 def test_progress_lines_say_what_runs_for_how_long_and_the_limit():
     assert build_messages.progress_line("compile", "submission.cu", "ptxas", 42.4, 300) == \
         "compiling submission.cu: ptxas, 42 s (limit 300 s: GRADER_BUILD_S)"

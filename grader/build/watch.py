@@ -34,6 +34,10 @@ _HOST_COMPILERS = ("cc1plus", "cc1")
 BUILD_PHASES = ("preprocessor", "front end (cudafe++)", "device code (cicc)", "ptxas", "fatbinary",
                 "host compiler", "device link (nvlink)", "link")
 _DRIVER_PHASES = {"nvcc": "nvcc", "ninja": "ninja"}
+# Python alone in the build's tree: before any tool ran (the build child loads torch), or after
+# (it loads or audits what was compiled).
+STARTING = "starting (Python, torch)"
+AFTER_COMPILE = "after the compile (Python)"
 
 
 def build_phase(processes: Iterable[tuple[str, Sequence[str]]]) -> str:
@@ -56,7 +60,16 @@ def build_phase(processes: Iterable[tuple[str, Sequence[str]]]) -> str:
         return " + ".join(p for p in BUILD_PHASES if p in tools)
     if drivers:
         return " + ".join(sorted(drivers))
-    return "starting (Python, torch)" if python else ""
+    return STARTING if python else ""
+
+
+def following(phase: str, seen: str) -> str:
+    """`phase` as the watch says it, `seen` being the phase it said last: Python alone after a
+    tool or driver ran is AFTER_COMPILE, not STARTING (a compile that ended within the limit,
+    then the build child's own work)."""
+    if phase == STARTING and seen not in ("", STARTING):
+        return AFTER_COMPILE
+    return phase
 
 
 def _running(root: int) -> list[tuple[str, list[str]]]:
@@ -109,7 +122,7 @@ class BuildWatch:
     def _follow(self, pid: int) -> None:
         t0 = last = time.monotonic()
         while not self._stop.wait(self.SAMPLE_S):
-            phase = build_phase(_running(pid)) if self.what == "compile" else ""
+            phase = following(build_phase(_running(pid)), self.phase) if self.what == "compile" else ""
             now = time.monotonic()
             # (an import runs Python alone: it has no phases). Near the limit the build is being
             # killed: a sample then sees its tools gone and their driver still there.
