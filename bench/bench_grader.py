@@ -233,6 +233,13 @@ class Figures:
     def overhead_s(self) -> float:
         return self.gpu_serial_s - self.kernel_s
 
+    @property
+    def turn_s(self) -> float:
+        """What it held its lane for: waiting for its preparation, its run and time stages. Its
+        check and the time stage's spot checks go on behind its turn, beside the next one's run
+        stage (stages/behind.py), and count in gpu_serial_s, not here."""
+        return sum(self.stages.get(k, 0.0) for k in ("wait", "run", "time"))
+
 
 def figures_of(result: SubmissionResult) -> Figures:
     stages = dict(result.stage_s)
@@ -291,6 +298,7 @@ def summarize(run: GradeRun, planned: list[Planned], *, warm: bool) -> dict:
         overhead_s=spread([figures[r.id].overhead_s for r in ran]),
         overhead_honest_s=spread([figures[r.id].overhead_s for r in honest]),
         gpu_serial_s=spread([figures[r.id].gpu_serial_s for r in ran]),
+        turn_s=spread([figures[r.id].turn_s for r in ran]),
         kernel_s=spread([figures[r.id].kernel_s for r in ran]),
         stages_s=stages,
         gpu_serial_share=round(gpu_serial / run.wall_s, 3) if run.wall_s else None,
@@ -401,6 +409,8 @@ def format_report(report: dict) -> str:
         lines.append(f"{r['label']}: statuses {r['statuses']}; builds reused {r['builds_reused']}; "
                      f"honest overhead median {honest.get('median', float('nan')):.2f} s; "
                      f"GPU stages busy {100 * (r['gpu_serial_share'] or 0):.0f}% of the wall time"
+                     + (f"; a lane's turn (wait, run, time) median "
+                        f"{r['turn_s']['median']:.2f} s" if r.get("turn_s", {}).get("n") else "")
                      + ("; STOPPED by --stop-after" if r["stopped"] else ""))
         parts = [(p.split(".")[1], r["stages_s"].get(p, {})) for p in RUN_PARTS]
         if any(s.get("n") for _, s in parts):

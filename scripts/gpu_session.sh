@@ -96,6 +96,8 @@ task() {
                 # where each Triton copy's kernels were compiled (folders.jit_report), and what
                 # each build compiled ahead (build/ahead.py)
                 grep -H "grader: Triton kernels" build/bench-grader/results-*/logs/*.run.log > "$OUT/jit_report.txt" 2>/dev/null
+                # the grading run's own log: its start (calibration, the first builds) and each result
+                cp build/bench-grader/grade-*.log "$OUT/" 2>/dev/null
                 grep -H -A3 "compiled ahead, with no GPU" build/bench-grader/results-*/logs/*.build.log > "$OUT/ahead_report.txt" 2>/dev/null
                 # each Triton copy's first call on each case (CaseResult.run_s), and its run stage's parts
                 python3 -c 'import glob, json
@@ -118,8 +120,9 @@ for f in sorted(glob.glob("build/bench-grader/results-*/**/triton_flash_*.json",
         # cache, side by side on one machine (COPIES, LANES, LANES_STOP)
         lanes-course) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --lanes ${LANES:-3 2 1} --stop-after ${LANES_STOP:-270} --out bench/grader_bench_s23_lanes.json" \
                       && cp bench/grader_bench_s23_lanes.json "$OUT/" ;;
-        two-gpus) make bench-grader COPIES="${COPIES:-60}" GPUS="0 0,1" BENCH_ARGS="--honest examples/triton_flash --no-baselines --stop-after ${TWO_STOP:-300} --out bench/grader_bench_s22_2gpu.json" \
-                      ; s=$?; cp bench/grader_bench_s22_2gpu.json "$OUT/" 2>/dev/null \
+        two-gpus) two=${TWO_OUT:-bench/grader_bench_2gpus.json}
+                  make bench-grader COPIES="${COPIES:-60}" GPUS="0 0,1" BENCH_ARGS="--honest examples/triton_flash --no-baselines --stop-after ${TWO_STOP:-300} --out $two" \
+                      ; s=$?; cp "$two" "$OUT/" 2>/dev/null; cp build/bench-grader/grade-*.log "$OUT/" 2>/dev/null \
                       ; tar czf "$OUT/two_gpus_results.tgz" build/bench-grader/results-*/*.json 2>/dev/null; (exit $s) ;;
         wheels) make env && for whl in .whl-*/*.whl; do
                     [ -f "$whl" ] && { .venv/bin/python -m pip install -q --no-index --no-deps "$whl" \

@@ -35,7 +35,7 @@ CPU = DeviceInfo(cuda=False, name="cpu", capability=None, arch="90a", l2_bytes=0
 PASSED = BuildResult(Status.PASS, "import", 1.0)
 # Two specialisations of the kit's example: head_dim 64 with a ragged length, head_dim 128.
 CASES = [Case(1, 2, 77, 64, seed=11), Case(1, 1, 1, 128, seed=7)]
-ON = config.Limits(ahead_s=90.0)   # off by default (config.Limits.ahead_s)
+ON = config.Limits(ahead_s=90.0)   # config.Limits.ahead_s's default
 
 
 def triton_with_ptxas() -> bool:
@@ -156,7 +156,8 @@ def test_only_a_passing_triton_build_on_a_gpu_machine_compiles_ahead(make_submis
     triton_sub = example()
     assert wanted(triton_sub, PASSED, GPU, CASES, limits)
     assert not wanted(triton_sub, PASSED, CPU, CASES, limits)
-    assert not wanted(triton_sub, PASSED, GPU, CASES, config.Limits())   # the default: off
+    assert wanted(triton_sub, PASSED, GPU, CASES, config.Limits())   # on by default
+    assert not wanted(triton_sub, PASSED, GPU, CASES, config.Limits(ahead_s=0.0))   # GRADER_AHEAD_S=0
     assert not wanted(triton_sub, BuildResult(Status.BUILD_ERROR, "import", 1.0), GPU, CASES, limits)
     assert not wanted(Submission("c", EXAMPLES / "solution", Kind.CUDA), PASSED, GPU, CASES, limits)
     plain = make_submission("plain", "import torch\ndef custom_kernel(data):\n    return data[0]\n")

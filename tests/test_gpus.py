@@ -259,6 +259,14 @@ def _timing(ms: float) -> TimingStats:
                        tflops=10.0, warmup_calls=2, budget_s=15.0, stopped_by="rse", wall_s=1.0)
 
 
+def as_steps(fn):
+    """`fn` as a grading's steps (stages/behind.Steps): what it returns is their result."""
+    def steps(*args, **kwargs):
+        return fn(*args, **kwargs)
+        yield   # a generator, stopping nowhere
+    return steps
+
+
 class Recorder:
     """Stands in for the GPU stages: records which worker (GPU) ran what, and when."""
 
@@ -469,12 +477,13 @@ def test_a_worker_knows_its_next_submission_while_it_grades_one(course):
 
 
 def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjects(
-        tmp_path, make_submission):
+        tmp_path, make_submission, monkeypatch):
     """Lookahead on the CPU, with real harness and subject processes: up to config.LOOKAHEAD
     begun while another runs (begin), no time stage waits for them (they load no submission
     code), each claimed on its turn, run and timed on the subject it prepared; a turn that
     comes after a run begun for an earlier one closes that one; the worker's end closes what is
     left."""
+    monkeypatch.setattr(config, "LOOKAHEAD", 2)   # the mechanism, with three submissions
     case = Case(1, 2, 16, 64, seed=3)
     cpu = dataclasses.replace(gpu(0), cuda=False, name="cpu", index=None, uuid="", l2_bytes=1 << 20)
     ctx = dataclasses.replace(_ctx(tmp_path, case, [cpu]), sandbox=Sandbox(None, "off in this test"))
@@ -774,7 +783,7 @@ def test_a_run_begun_early_that_did_not_start_is_graded_anew_in_new_folders(
             raise harnesses.NotStarted("Traceback (most recent call last):\nOSError: the reason")
         return "graded anew"
 
-    monkeypatch.setattr(grading, "_grade_built", graded)
+    monkeypatch.setattr(grading, "_grade_built", as_steps(graded))
     with lookahead.keep_warm():   # a GPU worker's lane: its runs begun early are its Lookahead's
         assert grading.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded anew"
     assert [c[1] for c in calls] == [prepared, None] and removed == [True]
@@ -800,8 +809,8 @@ def test_a_turn_with_nothing_begun_early_waited_for_nothing(tmp_path, make_submi
 
     monkeypatch.setattr(grading, "jit_cache", slow_jit_cache)
     monkeypatch.setattr(grading, "_grade_built",
-                        lambda sub_, build, ctx_, source, jit, prepared_=None, waited_s=0.0:
-                        calls.append(waited_s) or "graded")
+                        as_steps(lambda sub_, build, ctx_, source, jit, prepared_=None, waited_s=0.0:
+                                 calls.append(waited_s) or "graded"))
     assert grading.grade_submission(sub, BuildResult(Status.PASS, "import", 0.1), ctx) == "graded"
     assert calls == [0.0]
 

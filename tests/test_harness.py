@@ -382,17 +382,44 @@ def test_a_timed_call_is_answered_first_and_described_after(tmp_path):
     assert sum(record["phases_s"].values()) <= elapsed
     assert record["phases_s"]["open"] > 0.2   # a fresh subject: its start and its imports
     stats = record["stats"]
-    assert stats["n"] == 6 and stats["profiled_calls"] == 7 and stats["stopped_by"] == "max_reps"
-    assert len(record["calls"]) == 6 and all(raw > 0 for raw, _ in record["calls"])
+    # V is not the attention of Q, K, V: every call's output was read and found wrong, and the
+    # loop stopped at the third (config.TIMING_WRONG_STOP): such a time never counts
+    assert stats["n"] == 3 and stats["profiled_calls"] == 4 and stats["stopped_by"] == "wrong"
+    assert record["verify"]["checked"] == 3 and record["verify"]["wrong"] == 3
+    assert len(record["calls"]) == 3 and all(raw > 0 for raw, _ in record["calls"])
     # each call's time as ranked, and where the loop's time went, part by part (LOOP_PARTS)
-    assert len(record["times_ms"]) == 6 and all(t > 0 for t in record["times_ms"])
+    assert len(record["times_ms"]) == 3 and all(t > 0 for t in record["times_ms"])
     assert list(record["loop_s"]) == list(LOOP_PARTS) and record["loop_s"]["call"] > 0
     assert sum(record["loop_s"].values()) <= record["phases_s"]["loop"] + 0.01
-    # V is not the attention of Q, K, V: every call's output was read and found wrong
-    assert record["verify"]["checked"] == 6 and record["verify"]["wrong"] == 6
     assert stats["subject_host_ms"] > 0   # from the diagnostics line, after the reply
     assert len(record["spots"]) == 3 and not any(s["finding"]["ok"] for s in record["spots"])
     json.dumps(record)
+
+
+def test_a_kernel_wrong_now_and_then_is_timed_on_and_one_wrong_as_a_rule_stops_the_loop(tmp_path):
+    """A time stage comes before the check stage (stages/grade.py): outputs wrong as a rule end
+    the loop within config.TIMING_WRONG_STOP calls, but a call wrong now and then does not (its
+    count of wrong calls is what the instructor sees)."""
+    assert config.TIMING_WRONG_STOP == 3
+    assert time_stage.wrong_enough(dict(checked=3, wrong=3))
+    assert not time_stage.wrong_enough(dict(checked=2, wrong=2))
+    assert not time_stage.wrong_enough(dict(checked=6, wrong=3))
+    assert time_stage.wrong_enough(dict(checked=7, wrong=4))
+    flaky = """
+        import torch
+        calls = 0
+        def custom_kernel(data):
+            global calls
+            calls += 1
+            q, k, v = data
+            out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+            return v * 1 if calls == 4 else out   # (the 2 warm-up calls come first)
+    """
+    record = time_stage.time_case(time_spec(tmp_path, flaky))
+    assert "failed" not in record, record
+    assert record["stats"]["n"] == 6 and record["stats"]["stopped_by"] == "max_reps"
+    assert record["verify"]["checked"] == 6 and record["verify"]["wrong"] == 1
+    assert record["verify"]["first_wrong_call"] == 1
 
 
 def _verified(got, inputs, case, calls: int = 40) -> dict:
@@ -469,7 +496,7 @@ def test_what_the_subject_reports_is_matched_to_the_timed_call_it_is_about(tmp_p
             calls.append(1)
             if len(calls) > 2:       # after the two warm-up calls: the timed ones
                 time.sleep(0.2)
-            return data[2] * 1
+            return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()
     """, max_calls=2))
     assert "failed" not in record, record
     assert config.TIMING_WARMUP_CALLS == 2
@@ -495,7 +522,7 @@ def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_cl
             return diagnostics(self)
         loop.Subject.arm, loop.Subject.diagnostics = slow_arm, slow_diagnostics
         def custom_kernel(data):
-            return data[2] * 1
+            return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()
     """, max_calls=4))
     assert "failed" not in record, record
     raw = [t for t, _ in record["calls"]]
@@ -504,7 +531,7 @@ def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_cl
     # here, but the first call's check warms up and can take the whole 150 ms on a slow machine)
     assert len(raw) == 4 and min(raw) > 140 and statistics.median(raw) > 220, raw
     # its honest twin, the same kernel without the pauses, is timed at the kernel's own time
-    twin = time_stage.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n",
+    twin = time_stage.time_case(time_spec(tmp_path, "def custom_kernel(data):\n    return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()\n",
                                        max_calls=4, name="twin"))
     assert "failed" not in twin, twin
     assert max(t for t, _ in twin["calls"]) < 100, twin["calls"]
@@ -535,7 +562,7 @@ def test_a_slow_call_holds_the_gpu_for_a_bounded_time_and_is_still_ranked(tmp_pa
     config.TIMING_SLOW_CALLS calls; and however slow, the loop stops ('bound') while one more call
     and the spot checks still fit in the stage's limit, ranking what it timed, not a timeout.
     Its twin, a fast call, gets the usual warm-up and loop."""
-    slow = "import time\ndef custom_kernel(data):\n    time.sleep(0.4)\n    return data[2] * 1\n"
+    slow = "import time\ndef custom_kernel(data):\n    time.sleep(0.4)\n    return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()\n"
     record = time_stage.time_case(dict(time_spec(tmp_path, slow, max_calls=50), slow_ms=200.0))
     assert "failed" not in record, record
     stats = record["stats"]
@@ -547,7 +574,7 @@ def test_a_slow_call_holds_the_gpu_for_a_bounded_time_and_is_still_ranked(tmp_pa
     record = time_stage.time_case(spec)
     assert "failed" not in record, record
     assert record["stats"]["stopped_by"] == "bound" and 1 <= record["stats"]["n"] < 10, record["stats"]
-    twin = time_stage.time_case(dict(time_spec(tmp_path, "def custom_kernel(data):\n    return data[2] * 1\n",
+    twin = time_stage.time_case(dict(time_spec(tmp_path, "def custom_kernel(data):\n    return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()\n",
                                                max_calls=6, name="twin"), slow_ms=200.0))
     assert (twin["stats"]["warmup_calls"], twin["stats"]["n"]) == (config.TIMING_WARMUP_CALLS, 6)
     assert timed_calls.slow_enough([500.0] * config.TIMING_SLOW_CALLS, 200.0)
@@ -567,14 +594,14 @@ def test_one_long_call_cannot_end_the_timed_loop_of_a_fast_kernel(tmp_path):
             calls.append(1)
             if len(calls) == 5:
                 time.sleep(1.5)
-            return data[2] * 1
+            return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()
     """
     spec = dict(time_spec(tmp_path, attack, max_calls=20), budget_s=1.0, coarse_ms=100.0)
     record = time_stage.time_case(spec)
     assert "failed" not in record, record
     assert record["stats"]["n"] == 20, record["stats"]   # called on to the end: not placed on 5
     # its twin, slow in every call (above coarse_ms): the budget places it on a few calls
-    slow = "import time\ndef custom_kernel(data):\n    time.sleep(0.3)\n    return data[2] * 1\n"
+    slow = "import time\ndef custom_kernel(data):\n    time.sleep(0.3)\n    return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()\n"
     twin = time_stage.time_case(dict(time_spec(tmp_path, slow, max_calls=20, name="twin"),
                                      budget_s=1.0, coarse_ms=100.0))
     assert twin["stats"]["stopped_by"] == "budget" and twin["stats"]["n"] < 10, twin["stats"]
@@ -686,6 +713,29 @@ def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):
     run_pids = {line.split()[-1] for line in run_log.splitlines() if line.startswith("subject pid")}
     assert len(pids) == 1 and pids == run_pids, (run_pids, pids)
     assert stages.harness.proc.returncode == 0
+
+
+def test_the_harness_says_timed_once_its_subject_is_gone_and_finishes_its_checks_after(tmp_path):
+    """Issue 32: "timed" comes once the timed calls are over and the subject has exited; only
+    the harness's trusted work (statistics, spot checks) is left, which may run beside the next
+    submission's run stage. The record then has all of it."""
+    from grader.isolation.tree import process_tree
+    from grader.stages.harnesses import Stages
+    spec, spec_path = stages_spec(tmp_path, PID_PRINTER)
+    stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)
+    try:
+        ran, run_log = stages.ran(120)
+        assert ran is not None, run_log
+        subject = {line.split()[-1] for line in run_log.splitlines() if line.startswith("subject pid")}
+        assert stages.time_calls()   # said "timed"
+        left = {str(p) for p in process_tree(stages.harness.proc.pid)} - {str(stages.harness.proc.pid)}
+        assert not left & subject, (left, subject)   # the subject is gone by then
+        timed, time_log = stages.time_record()
+    finally:
+        stages.close()
+    assert timed is not None and "failed" not in timed, time_log
+    assert timed["stats"]["n"] == 5 and len(timed["spots"]) == 3   # the checks after "timed"
+    assert list(timed["phases_s"])[-2:] == ["report", "spots"]
 
 
 def test_a_run_that_is_not_timed_lets_its_subject_go(tmp_path):
@@ -970,7 +1020,7 @@ def test_the_timed_loop_records_how_busy_nvml_saw_the_gpu_and_for_whom(tmp_path,
     me = os.getpid()
     monkeypatch.setattr(gpu_watch, "read_gpu_samples", fake_nvml(
         lambda: tree_mod.process_tree(me), lambda pid: 10.0 if pid == me else 60.0))
-    source = "import time\ndef custom_kernel(data):\n    time.sleep(0.05)\n    return data[2] * 1\n"
+    source = "import time\ndef custom_kernel(data):\n    time.sleep(0.05)\n    return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()\n"
     record = time_stage.time_case(time_spec(tmp_path, source, max_calls=8))
     assert "failed" not in record, record
     busy = record["gpu_busy"]

@@ -282,13 +282,13 @@ def test_a_slow_compile_in_the_unpacked_release_names_the_limit_to_raise(unpacke
     that names the variable to raise, never a "Compiled for" line. A student's laptop has no
     bubblewrap (GRADER_SANDBOX=off): the wrapper lives outside the folders a sandbox shows."""
     import shlex
-    from grader.build.watch import BUILD_PHASES
+    from grader.build.watch import BUILD_PHASES, STARTING
     from grader.isolation.device import find_nvcc
     cuda = tmp_path / "slow-cuda"
     (cuda / "bin").mkdir(parents=True)
     nvcc = cuda / "bin" / "nvcc"
     # no exec: the hang stays this "nvcc" process (its sleep a child), as a hanging nvcc would be;
-    # an exec'd sleep left only Python in the tree, "starting (Python, torch)", once the real
+    # an exec'd sleep left only Python in the tree (then called STARTING), once the real
     # compile ended within the 40 s (a fast machine)
     nvcc.write_text(f'#!/bin/sh\n{shlex.quote(find_nvcc())} "$@" || exit\nsleep 600\n')
     nvcc.chmod(0o755)
@@ -304,7 +304,7 @@ def test_a_slow_compile_in_the_unpacked_release_names_the_limit_to_raise(unpacke
                           r"\(limit 40 s: GRADER_BUILD_S\)", err)
     assert len(progress) >= 2, err[-3000:]   # one every 12 s of the 40
     phases = {p for p, _ in progress}
-    assert phases & {*BUILD_PHASES, "nvcc", "starting (Python, torch)"}, err[-3000:]
+    assert phases & {*BUILD_PHASES, "nvcc", STARTING}, err[-3000:]
     # where it was when the limit stopped it: one of nvcc's tools, or the wrapper's sleep
     stopped_in = re.search(r"did not finish in 40 s \(it was in: (.+?)\): this machine", out)
     assert stopped_in and stopped_in.group(1) in {*BUILD_PHASES, "nvcc"}, out[-3000:] + err[-2000:]

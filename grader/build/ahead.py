@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import stat
 import sys
 import time
@@ -50,6 +51,7 @@ AHEAD_KEEP_BYTES = 64 << 20
 NOT_KEPT = (".autotune.json",)
 # Triton's group files: which files make up one kernel, by absolute path (seed_jit_folder, regrouped).
 GROUP_PREFIX = "__grp__"
+GROUP_BYTES = 1 << 20   # a group file is a few hundred bytes of JSON: one past this is not one
 # The child stops calling this long before it is killed, so that what it compiled is written whole.
 AHEAD_STOP_S = 5.0
 
@@ -157,11 +159,14 @@ def seed_jit_folder(seed: str | None, jit_triton: Path) -> int:
                 continue
             (jit_triton / rel).mkdir(parents=True, exist_ok=True)
             with open(source, "rb", opener=_no_follow) as src:
-                data = src.read(AHEAD_KEEP_BYTES + 1)
-            if name.startswith(GROUP_PREFIX):
-                data = regrouped(data, jit_triton / rel)
-                if data is None:   # not Triton's: the kernel is compiled in its turn
+                if not name.startswith(GROUP_PREFIX):
+                    with open(jit_triton / rel / name, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+                    copied += 1
                     continue
+                data = regrouped(src.read(GROUP_BYTES + 1), jit_triton / rel)
+            if data is None:   # not Triton's (or larger than any of its groups): compiled in its turn
+                continue
             (jit_triton / rel / name).write_bytes(data)
             copied += 1
     return copied

@@ -59,11 +59,10 @@ class Limits:
     import_s: float = 120.0
     run_s: float = 240.0          # loading the submission and every case's first call, together
     # A Triton submission's kernels compiled in its build, with no GPU, one call per case shape
-    # (grader/build/ahead.py), within this limit; 0: not compiled ahead. Off until a whole cold
-    # course shows it pays: session 25's short course with it on (GRADER_AHEAD_S=90) cut a Triton
-    # copy's run stage from about 4 s to 1.7 s once the seed was found (ahead.regrouped), at 6-9 s
-    # of build CPU a copy (notes/throughput.md, session 25).
-    ahead_s: float = 0.0
+    # (grader/build/ahead.py), within this limit; 0: not compiled ahead (GRADER_AHEAD_S=0).
+    # Session 25's short course with it on cut a Triton copy's run stage from about 4 s to 1.7 s
+    # once the seed was found (ahead.regrouped), at 6-9 s of build CPU a copy (notes/throughput.md).
+    ahead_s: float = 90.0
     # One case's first call on a GPU (issue 13: a hung kernel costs its case's limit, not the
     # run's): case_grace_s for what a first call loads (a Triton JIT compile, CUDA's lazy module
     # loading), plus the case's FLOPs at case_tflops. The handout's naive kernel (one warp per
@@ -169,8 +168,9 @@ RESERVE_MIN_CPUS = 6
 # A GPU worker begins its next submissions' runs while one runs (lookahead.Lookahead): the harness
 # and the subject start, with CUDA and the profiler, loading no submission code (10-15 s on an
 # H100, more beside the builds, whose CPUs they use). This many at once: a submission's stages
-# take 5-10 s once they are begun early, so one preparation would seldom be ready at its turn.
-LOOKAHEAD = 2
+# take 5-10 s once they are begun early, so one preparation would seldom be ready at its turn;
+# with two, session 25's turns of about 7 s waited a median 1.8 s for a preparation of 12 s.
+LOOKAHEAD = 3
 # Run and check stages of this many submissions may share a GPU at once (grade --lanes N). Their
 # time stages still run one at a time, each alone on the GPU, on a fresh subject (grader/schedule/gate.py
 # says what is kept apart). 1, the default: one submission at a time, its time stage on its run's
@@ -223,6 +223,11 @@ CALIBRATION_CALLS = 50
 # an H100, three times the call: notes/throughput.md); an output wrong in a part p of its slices
 # is found in a call with chance 1 - (1 - p)^16, and every call is checked ...
 TIMING_VERIFY_HEADS = 16
+# ... and the loop stops once this many calls were wrong and they are more than half of those
+# checked (time_stage.wrong_enough, TimingStats.stopped_by 'wrong'): a submission is timed before
+# its check stage (stages/grade.py), and one whose outputs are wrong costs a few calls, not a
+# time stage. Its verdict is the check's, or the wrong timed calls' (integrity.timing_findings).
+TIMING_WRONG_STOP = 3
 # ... and this many, picked at random after they return, with the fp32 reference and the
 # precision budget, each on TIMING_SPOT_HEADS of its (batch, head) slices picked after the last
 # call (all of them where there are no more). Whole, on the largest case's 256, the three took

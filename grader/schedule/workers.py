@@ -27,8 +27,10 @@ from grader.isolation.device import device_minor
 from grader.isolation.procs import Cancelled, cancel_all
 from grader.report.progress import Progress
 from grader.schedule.gate import BuildThrottle, GpuGate
+from grader.schedule.behind import checks_behind, lane_behind
 from grader.schedule.lookahead import keep_warm
 from grader.stages.ahead import early
+from grader.stages.behind import Left, behind
 from grader.stages.baseline import grade_baseline
 from grader.stages.context import GpuUnhealthy, GradeContext, now, student_check
 from grader.stages.folders import label_of
@@ -316,9 +318,11 @@ class CourseRun:
             self.jobs.stop()
 
     def lane(self, slot: int, worker: GradeContext) -> None:
+        """One lane of GPU `slot`'s worker: jobs taken in turn, the next ones begun early
+        (keep_warm) and each submission's check left behind its turn (checks_behind)."""
         jobs = self.jobs
-        with gpu_worker(slot), keep_warm():
-            try:
+        try:
+            with gpu_worker(slot), keep_warm(), checks_behind():
                 job, ahead = jobs.take(slot), deque()
                 while job is not None:
                     while len(ahead) < worker.lookahead:   # begun while this one runs
@@ -330,14 +334,16 @@ class CourseRun:
                     self.grade_job(job, worker)
                     job = ahead.popleft() if ahead and not jobs.stopped else jobs.take(slot)
                     if job is None:   # the queue is done: what the overloaded machine failed
+                        behind().wait()   # the last check left behind may add to it
                         job = self.again_later()
-            except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
-                self.errors.append(e)
-                jobs.stop()
+        except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
+            self.errors.append(e)
+            jobs.stop()
 
     def grade_job(self, job, worker: GradeContext) -> None:
         what, entry, sub, build_result = job
         if what == "baseline":
+            behind().wait()   # timed alone: no check left behind runs beside it
             with alone(worker.gate):
                 worker.progress.stage(entry.id, "time")
                 result = grade_baseline(entry.id, worker)
@@ -349,8 +355,28 @@ class CourseRun:
         except (GpuUnhealthy, Cancelled):
             raise
         except Exception as e:   # a grader bug: this submission's result says so, then go on
-            worker.progress.note(f"{sub.id}: grader error\n{traceback.format_exc(limit=12)}")
-            result = _grader_error(sub, build_result, e, started)
+            result = self.grader_error(job, worker, e, started)
+        if isinstance(result, Left):   # its check and verdict beside the next one's run stage
+            lane_behind().leave(result, lambda left, got, error: self.finish_job(
+                job, worker, got if error is None else self.grader_error(job, worker, error, started)))
+            return
+        self.finish_job(job, worker, result)
+
+    def grader_error(self, job, worker: GradeContext, e: Exception,
+                     started: float) -> SubmissionResult:
+        """The result of a job whose grading hit a grader bug (never an unhealthy GPU or the run
+        stopping: those stop the run)."""
+        if isinstance(e, (GpuUnhealthy, Cancelled)):
+            raise e
+        _, _, sub, build_result = job
+        worker.progress.note(f"{sub.id}: grader error\n"
+                             f"{''.join(traceback.format_exception(e, limit=12))}")
+        return _grader_error(sub, build_result, e, started)
+
+    def finish_job(self, job, worker: GradeContext, result: SubmissionResult) -> None:
+        """Record a submission's result; one whose cases the machine's load ended (or a check
+        that broke beside another submission's code) is graded once more at the end of the run."""
+        _, entry, _, build_result = job
         with self.lock:
             later = overloaded(result) and id(job) not in self.graded_again
             if later:   # graded once more at the end of the run, once the load has fallen

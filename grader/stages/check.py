@@ -3,6 +3,7 @@ checker (grader/trusted/correctness.py): a CaseResult per case."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from grader.common.status import Status
@@ -11,7 +12,7 @@ from grader.course.verdicts import CaseResult
 from grader.problem import Case
 from grader.stages.clock import StageClock
 from grader.stages.context import GradeContext
-from grader.trusted.correctness import check_outputs, launched_of
+from grader.trusted.correctness import CHECKER_BROKE, check_outputs, launched_of
 
 
 def check_cases(sub: Submission, cases: list[Case], runs: dict, ctx: GradeContext, work: Path,
@@ -35,6 +36,10 @@ def check_cases(sub: Submission, cases: list[Case], runs: dict, ctx: GradeContex
 # A case that ended so while other submissions' run stages shared the GPU is run again alone:
 # they could have taken its memory, its time or the machine's CPUs (the load rule's verdict).
 CROWDED_RETRY = (Status.RUNTIME_ERROR, Status.TIMEOUT, Status.ENVIRONMENT_ERROR)
+# A case that raised beside a check left behind its turn (stages/behind.py) runs again once that
+# check is done: the checker holds a few GiB of the GPU's memory for about a second. Not one that
+# timed out: a case's limit is 30 s at least, and a hang would cost its limit twice.
+BESIDE_CHECK_RETRY = (Status.RUNTIME_ERROR,)
 
 
 def failed_to_run(checked: list[CaseResult]) -> bool:
@@ -44,3 +49,25 @@ def failed_to_run(checked: list[CaseResult]) -> bool:
 def in_case_order(results: list[CaseResult], cases) -> list[CaseResult]:
     order = {c.id: i for i, c in enumerate(cases)}
     return sorted(results, key=lambda r: order.get(r.case, len(order)))
+
+
+def is_broken(case: CaseResult) -> bool:
+    """Whether this case's check failed in the checker itself, not in the submission's output."""
+    return case.status is Status.RUNTIME_ERROR and case.message.startswith(CHECKER_BROKE)
+
+
+def checker_broke(checked: list[CaseResult]) -> bool:
+    return any(is_broken(c) for c in checked)
+
+
+# A check that broke beside another submission's code (a check left behind its turn, or lanes):
+# that code may have taken the GPU's memory or time, so it is the machine's, graded again alone
+# at the end of the run (CaseResult.overloaded: schedule/workers.py's again_later).
+CHECKED_IN_COMPANY = ("the checker failed while another submission's code shared the GPU: the "
+                      "grading machine's fault, not your submission's; it will be graded again")
+
+
+def crowded(case: CaseResult) -> CaseResult:
+    """A case whose check broke in company, as the machine's (CHECKED_IN_COMPANY)."""
+    return dataclasses.replace(case, status=Status.ENVIRONMENT_ERROR, overloaded=True,
+                               message=f"{CHECKED_IN_COMPANY}\n{case.message}")

@@ -71,7 +71,7 @@ def jit_cache(sub: Submission, limits: config.Limits, build: BuildResult | None 
             (folder / name).mkdir()
         if build is not None:
             seed_jit_folder(build.compiled_ahead, folder / JIT_CACHE_VARS["TRITON_CACHE_DIR"])
-        SEEDED[str(folder)] = _kernel_keys(folder)
+        SEEDED[str(folder)] = _jit_files(folder)
         give_to_sandbox(folder)   # written as the sandbox's user
         try:
             yield folder
@@ -84,7 +84,7 @@ def jit_cache(sub: Submission, limits: config.Limits, build: BuildResult | None 
 SEEDED: dict[str, tuple[set, set]] = {}
 
 
-def _kernel_keys(jit: Path) -> tuple[set, set]:
+def _jit_files(jit: Path) -> tuple[set, set]:
     """The Triton kernels (cubins) and native launchers (Triton before 3.7 builds one per kernel
     signature) in a JIT folder, each as (path, inode): a file Triton wrote again in the turn (a
     cache miss compiles into the same key folder, replacing the file) is a new one."""
@@ -104,7 +104,7 @@ def jit_report(jit: Path | None) -> str:
     no JIT folder). Issue 32: the build's compile ahead pays only where the turn built none."""
     if jit is None or str(jit) not in SEEDED:
         return ""
-    (kernels, launchers), (kernels_now, launchers_now) = SEEDED[str(jit)], _kernel_keys(jit)
+    (kernels, launchers), (kernels_now, launchers_now) = SEEDED[str(jit)], _jit_files(jit)
     if not kernels and not kernels_now:
         return ""
     return (f"grader: Triton kernels: {len(kernels)} compiled in the build, "

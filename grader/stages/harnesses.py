@@ -248,8 +248,21 @@ class Stages:
 
     def time(self) -> tuple[dict | None, str]:
         """The time stage on the run's subject, to its end: its record and log text."""
+        self.time_calls()
+        return self.time_record()
+
+    def time_calls(self) -> bool:
+        """The time stage begun, until its timed calls are over: whether the harness said so
+        ("timed": its subject is gone and only its trusted work, the statistics and the spot
+        checks, is left: harness.run_then_time); False when it ended (or hung) before."""
+        self.time_deadline = time.monotonic() + self.time_s
         self.harness.say(b"time\n")
-        self.harness.wait(self.time_s)
+        return self.harness.said(self.time_s).startswith(b"timed")
+
+    def time_record(self) -> tuple[dict | None, str]:
+        """After time_calls: the time stage to its end (killed at its limit), its record and log
+        text."""
+        self.harness.wait(max(0.0, self.time_deadline - time.monotonic()))
         self.close()
         return harness_record(self.results[1], self.harness.reader.text())
 

@@ -49,16 +49,33 @@ def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
                 deadline_s=ctx.limits.time_s, result=str(work / "time.json"))
 
 
+class TimedLater:
+    """A time stage whose timed calls are over, on the run stage's subject, now gone: its harness
+    finishes its trusted work (the statistics, the spot checks) while the pipeline goes on, and
+    its record is read when it is wanted (result), beside the next submission's run stage when
+    the rest is left behind the turn (stages/behind.py)."""
+
+    def __init__(self, stages: Stages, finish):
+        self._stages, self._finish = stages, finish
+
+    def result(self) -> TimedRun | tuple[Status, str]:
+        return self._finish(*self._stages.time_record(), in_turn=False)
+
+
 def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Path],
                 log_name: str | None = None, jit: Path | None = None,
-                stages: Stages | None = None,
-                timer: "TimeSubject | None" = None) -> TimedRun | tuple[Status, str]:
+                stages: Stages | None = None, timer: "TimeSubject | None" = None,
+                later: bool = False) -> TimedRun | tuple[Status, str] | TimedLater:
     """Timing statistics of one case, measured by the harness (on the run stage's subject when
     `stages` are given, on `timer`'s prepared one, else on a new one); or (status, message) if
-    the subject failed while being timed."""
-    record = None
+    the subject failed while being timed. `later`, with `stages`: once the timed calls are over,
+    a TimedLater (the harness's trusted work goes on meanwhile)."""
+    record = output = None
     if stages is not None:
-        record, output = stages.time()
+        if stages.time_calls() and later:
+            return TimedLater(stages, lambda record, output, in_turn: _timed(
+                record, output, case, ctx, log_name, in_turn=in_turn))
+        record, output = stages.time_record()
     elif timer is not None:
         record, output = timer.time()
         if record is None:   # it gave up before loading anything (time_stage.time_prepared)
@@ -72,15 +89,27 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
             del fields["result"]
             record, output = run_harness("time", target, ctx, Path(tmp), folder=folder, jit=jit,
                                          **fields)
+    return _timed(record, output, case, ctx, log_name)
+
+
+def _timed(record: dict | None, output: str, case: Case, ctx: GradeContext,
+           log_name: str | None, *, in_turn: bool = True) -> TimedRun | tuple[Status, str]:
+    """A time stage's record as a TimedRun, or the failure's (status, message); its logs saved.
+    The GPU's health is checked after a failure in the turn; behind it (TimedLater: the timed
+    calls had ended and the subject was gone when its trusted work failed) it is not, as the
+    next submission's run stage may be on the GPU: a GPU left broken fails that run stage,
+    whose health check then stops the run."""
     if log_name:
         save_log(ctx, log_name, "time", output)
         if record is not None and isinstance(record.get("times_ms"), list):
             save_calls(ctx, log_name, record)
     if record is None:
-        ensure_gpu_healthy(ctx)
+        if in_turn:
+            ensure_gpu_healthy(ctx)
         return Status.RUNTIME_ERROR, f"grader error: the timing harness failed; tell the instructor\n{output[-2000:]}"
     if "failed" in record:
-        ensure_gpu_healthy(ctx)
+        if in_turn:
+            ensure_gpu_healthy(ctx)
         failed = record["failed"]
         return Status(failed["status"]), failed["message"]
     return TimedRun(TimingStats.from_dict(record["stats"]), record)

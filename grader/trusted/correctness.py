@@ -147,10 +147,14 @@ class WarmChecker:
         return (reply, False) if isinstance(reply, dict) else (None, False)
 
 
+# How a case's message begins when the checker itself failed (not the submission's outputs).
+CHECKER_BROKE = "grader error: the checker "
+
+
 def _checker_broke(proc: ProcResult, where: str) -> str:
     """The checker itself failed: the grader's problem, said loudly."""
     why = "timed out" if proc.timed_out else f"exited with {proc.returncode}"
-    return f"grader error: the checker {why}{where}:\n{proc.tail(20)}"
+    return f"{CHECKER_BROKE}{why}{where}:\n{proc.tail(20)}"
 
 
 def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, device: str,

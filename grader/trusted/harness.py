@@ -67,10 +67,12 @@ def make_non_dumpable() -> None:
 def run_then_time(spec: dict) -> None:
     """The run stage, then the time stage on the same subject process (issue 13: no second
     harness, subject, import or JIT compile for a submission). The run's record goes to
-    spec["result"] and "ran" down the control pipe; the pipeline, having checked the outputs,
-    answers "time" or "stop"; the time stage's record goes to spec["time"]["result"]. The
-    subject waits for its next request meanwhile, as between any two calls; the timed loop
-    (time_case) is the one a fresh subject gets, warm-up included."""
+    spec["result"] and "ran" down the control pipe; the pipeline answers "time" (every case
+    ran) or "stop"; "timed" goes down the pipe once the timed calls are over and the subject is
+    gone (the pipeline may start the next submission's run stage then: what is left here is
+    trusted work, the statistics and the spot checks), and the time stage's record goes to
+    spec["time"]["result"]. The subject waits for its next request meanwhile, as between any two
+    calls; the timed loop (time_case) is the one a fresh subject gets, warm-up included."""
     ready_fd, decide_fd = spec["control"]
     link, buffers, records, phases = _run_all(spec)
     write_result(spec["result"], dict(cases=records, output=link.reader.text(), phases_s=phases))
@@ -82,9 +84,17 @@ def run_then_time(spec: dict) -> None:
         decision = b""
     alive = link.proc.poll() is None and all(r.get("status") == "pass" for r in records.values())
     if decision.startswith(b"time") and alive:
-        write_result(timing["result"], time_case(timing, opened=(link, buffers)))
+        write_result(timing["result"], time_case(timing, opened=(link, buffers),
+                                                 on_timed=lambda: _say(ready_fd, b"timed\n")))
     else:
         link.close()
+
+
+def _say(fd: int, word: bytes) -> None:
+    try:
+        os.write(fd, word)
+    except OSError:   # the pipeline is gone: the record says the rest
+        pass
 
 
 # ---------------------------------------------------------------- entry point

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 from grader.common import config
 from grader.problem import Case
 from grader.course.results import LOOP_PARTS, TIME_PHASES
@@ -25,10 +26,13 @@ from grader.trusted.run_stage import phases
 
 
 def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = None,
-              begun: float | None = None) -> dict:
+              begun: float | None = None, on_timed: Callable[[], None] | None = None) -> dict:
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
     processes showed; on `opened`'s subject (open_call) if given. `begun`: when the stage began,
-    if before this call (time_prepared's turn: its "open" part is the submission's load)."""
+    if before this call (time_prepared's turn: its "open" part is the submission's load).
+    `on_timed`: called once the timed calls are over and the subject is gone, before the
+    statistics and the spot checks (trusted work only, which may run beside another
+    submission's run stage: harness.run_then_time says "timed")."""
     case = Case.from_dict(spec["case"])
     begun = time.monotonic() if begun is None else begun
     deadline = begun + spec["deadline_s"]
@@ -58,6 +62,8 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
         return dict(failed=dict(record, message=f"timing {case.id}: {record['message']}"),
                     output=link.output())
     link.close()
+    if on_timed is not None:
+        on_timed()
     reported = [_reported_figures(r) for r in call.reported()[first:]]
     stats = summarize(times, flops=case.flops, warmup_calls=first,
                       budget_s=spec["budget_s"], stopped_by=stopped_by,
@@ -88,8 +94,8 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
 def _timed_loop(spec: dict, link: Link, call: Call, case: Case, cost: ProtocolCost,
                 pick: random.Random, verify: dict, deadline: float) -> tuple:
     """time_case's timed calls, each output checked after its reply, until a stopping rule (the
-    spec's max_calls or TIMING_MAX_REPS, the target precision, a coarse or slow placing, the
-    budget, or the stage's `deadline` too near for one more call and the spot checks: 'bound'):
+    spec's max_calls or TIMING_MAX_REPS, outputs wrong as a rule, the target precision, a coarse
+    or slow placing, the budget, or the stage's `deadline` too near for one more call and the spot checks: 'bound'):
     (walls, fences, times, samples kept, helpers seen, what stopped it, when it began, what NVML
     saw of the GPU meanwhile)."""
     device = spec["device"]
@@ -115,6 +121,9 @@ def _timed_loop(spec: dict, link: Link, call: Call, case: Case, cost: ProtocolCo
             watch.read()
         call.parts["helpers"] += _perf_counter() - t
         del inputs
+        if wrong_enough(verify):
+            stopped_by = "wrong"
+            break
         if len(times) >= config.TIMING_MIN_REPS and relative_standard_error(times) < config.TIMING_TARGET_RSE:
             stopped_by = "rse"
             break
@@ -134,6 +143,14 @@ def _timed_loop(spec: dict, link: Link, call: Call, case: Case, cost: ProtocolCo
     busy = watch.stop(calls=len(walls))
     call.parts["helpers"] += _perf_counter() - t
     return walls, fences, times, samples, helpers, stopped_by, loop_start, busy
+
+
+def wrong_enough(verify: dict) -> bool:
+    """Whether the calls' outputs are wrong as a rule, not by chance (config.TIMING_WRONG_STOP):
+    the time will not count, whatever the check stage finds, so more calls would only hold the
+    GPU. A kernel wrong now and then is timed on, and its count of wrong calls reported."""
+    return (verify["wrong"] >= config.TIMING_WRONG_STOP
+            and 2 * verify["wrong"] > verify["checked"])
 
 
 def _may_stop_early(times: list[float], spec: dict) -> bool:
