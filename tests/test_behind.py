@@ -266,3 +266,15 @@ def test_what_stops_a_check_left_behind_stops_the_lane_at_its_next_wait():
     # outside any lane: nothing is left behind, and waiting is free
     assert not stage_behind.behind().takes() and not stage_behind.behind().busy()
     stage_behind.behind().wait()
+
+
+def test_the_thread_behind_a_lane_ends_with_it_even_without_its_end():
+    """ChecksBehind's thread belongs to its lane: a lane that ends without end() (a thread cut
+    short) leaves no thread behind for more than about a second."""
+    made = []
+    lane = threading.Thread(target=lambda: made.append(lane_behind.ChecksBehind(name="lane-x.behind")))
+    lane.start()
+    lane.join(10)
+    thread = made[0]._thread
+    thread.join(5)
+    assert not thread.is_alive()

@@ -29,6 +29,7 @@ class ChecksBehind(Behind):
         self._idle = threading.Event()
         self._idle.set()
         self._error: BaseException | None = None
+        self._owner = threading.current_thread()   # the lane: the thread ends with it, at the latest
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -62,7 +63,12 @@ class ChecksBehind(Behind):
 
     def _serve(self) -> None:
         while True:
-            item = self._work.get()
+            try:
+                item = self._work.get(timeout=1.0)
+            except queue.Empty:
+                if self._owner.is_alive():
+                    continue
+                return   # its lane ended without end(): nothing more can come
             if item is None:
                 return
             left, done = item
