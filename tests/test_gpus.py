@@ -31,6 +31,7 @@ from grader.isolation import device as device_mod
 from grader.schedule import lookahead
 
 from grader.schedule import workers as scheduling
+from grader.schedule.jobs import Jobs
 
 from grader.stages import check as check_stage
 from grader.stages import context
@@ -863,7 +864,7 @@ def test_a_run_begun_early_that_the_run_s_stop_killed_is_not_started_anew(tmp_pa
 
 def test_a_worker_takes_its_next_job_early_only_when_no_other_worker_waits():
     """Lookahead without hoarding: a job taken early is one no idle GPU worker is waiting for."""
-    jobs = scheduling._Jobs(2)
+    jobs = Jobs(2)
     jobs.pending = 1
     got = []
     waiter = threading.Thread(target=lambda: got.append(jobs.take(1)))

@@ -27,6 +27,7 @@ from grader.isolation.device import device_minor
 from grader.isolation.procs import Cancelled, cancel_all
 from grader.report.progress import Progress
 from grader.schedule.gate import BuildThrottle, GpuGate
+from grader.schedule.jobs import Jobs
 from grader.schedule.behind import checks_behind, lane_behind
 from grader.schedule.lookahead import keep_warm
 from grader.stages.ahead import early
@@ -61,64 +62,6 @@ def worker_contexts(ctx: GradeContext) -> list[GradeContext]:
     return workers
 
 
-class _Jobs:
-    """What the GPU workers take, in order: jobs pinned to a worker (a baseline timed on its GPU)
-    first, then the shared queue (students' finished builds: a faster GPU takes more). `pending`
-    counts the builds not finished yet; a worker with nothing to take waits for them, and stops
-    when there are none left, or when the run stops."""
-
-    def __init__(self, workers: int):
-        self.cond = threading.Condition()
-        self.pinned = [deque() for _ in range(workers)]
-        self.shared: deque = deque()
-        self.pending = 0
-        self.stopped = False
-        self.idle = 0   # workers waiting for a job
-
-    def put(self, jobs: list, *, built: bool = False) -> None:
-        """Queue (slot or None, job) pairs; `built`: a pending build's jobs (or none, if it went)."""
-        with self.cond:
-            for slot, job in jobs:
-                (self.shared if slot is None else self.pinned[slot]).append(job)
-            self.pending -= 1 if built else 0
-            self.cond.notify_all()
-
-    def take(self, slot: int, *, wait: bool = True):
-        """The next job for worker `slot`; None when there is none. Without `wait` (a worker
-        taking its next job early, Lookahead): one now, and a shared one only if a job is left
-        for every worker waiting for one: a GPU never idles while another holds a job."""
-        with self.cond:
-            while True:
-                if self.stopped:
-                    return None
-                if self.pinned[slot]:
-                    return self.pinned[slot].popleft()
-                if self.shared and (wait or len(self.shared) > self.idle):
-                    return self.shared.popleft()
-                if self.pending <= 0 or not wait:
-                    return None
-                self.idle += 1
-                try:
-                    self.cond.wait()
-                finally:
-                    self.idle -= 1
-
-    def waiting(self) -> int:
-        """Jobs queued and not taken yet."""
-        with self.cond:
-            return len(self.shared) + sum(len(q) for q in self.pinned)
-
-    def stop(self) -> list:
-        """No worker takes anything more; returns what was still queued."""
-        with self.cond:
-            self.stopped = True
-            left = [job for q in (*self.pinned, self.shared) for job in q]
-            for q in (*self.pinned, self.shared):
-                q.clear()
-            self.cond.notify_all()
-            return left
-
-
 def build_throttle(build_jobs: int, ctx: GradeContext, waiting) -> BuildThrottle:
     """How many of the `build_jobs` builds compile at once (gate.BuildThrottle): a share of them
     (Limits.build_yield_share) while the GPU workers have config.BUILDS_YIELD_AHEAD jobs waiting,
@@ -151,7 +94,7 @@ def grade_all(subs: list[Submission], ctx: GradeContext, *, baselines: list[str]
 
 class CourseRun:
     """One grading run of a course (grade_all): its plan, the build pool feeding the GPU workers'
-    queue (_Jobs), one worker thread per GPU with its lanes, and the results as they land."""
+    queue (jobs.Jobs), one worker thread per GPU with its lanes, and the results as they land."""
 
     def __init__(self, subs: list[Submission], ctx: GradeContext, *, baselines: list[str],
                  force: bool, only: set[str] | None, journal: RunJournal | None):
@@ -184,7 +127,7 @@ class CourseRun:
         # Each folder's sources, read before any of its code runs (own kernel names).
         self.sources = {id(s): read_sources(s.path) if s.kind is not Kind.INVALID else ""
                         for s in self.to_build}
-        self.jobs = _Jobs(len(self.workers))
+        self.jobs = Jobs(len(self.workers))
         self.jobs.pending = len(self.to_build)
         self.jobs.put([(self.slot_of[e.gpu], ("baseline", e, None, None))
                        for e in self.graded if e.sub is None])
