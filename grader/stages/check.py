@@ -42,10 +42,6 @@ CROWDED_RETRY = (Status.RUNTIME_ERROR, Status.TIMEOUT, Status.ENVIRONMENT_ERROR)
 BESIDE_CHECK_RETRY = (Status.RUNTIME_ERROR,)
 
 
-def failed_to_run(checked: list[CaseResult]) -> bool:
-    return any(c.status in (Status.RUNTIME_ERROR, Status.TIMEOUT) for c in checked)
-
-
 def in_case_order(results: list[CaseResult], cases) -> list[CaseResult]:
     order = {c.id: i for i, c in enumerate(cases)}
     return sorted(results, key=lambda r: order.get(r.case, len(order)))
