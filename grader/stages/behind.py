@@ -9,11 +9,12 @@ stage), and a check never sees another submission's outputs (its work folder is 
 a check beside another submission's run stage may suffer is that submission's load on the GPU:
 a check that breaks there (the checker died, or ran past its limit) is not a verdict but the
 machine's (environment_error, graded again alone at the end of the run, stages/grade.py), and a
-run stage that fails beside a check is run again once the check is done (run's CROWDED_RETRY).
+case that raised beside a check runs again once the check is done (check.BESIDE_CHECK_RETRY).
 
-The stages see only the calling thread's Behind: the default here takes nothing (a student's
-check, the service's worker, the tests: everything runs to its end in its turn); a lane installs
-its own (grader/schedule/behind.py).
+The stages see only the calling thread's Behind: the default here takes nothing (outside a lane:
+the failed builds written after a Ctrl-C, tests calling grade_submission; everything runs to its
+end in its turn); every lane installs its own (grader/schedule/behind.py), and `grade`, `check`,
+the service's and Slurm's runs all grade in lanes (schedule/workers.grade_all).
 """
 
 from __future__ import annotations
