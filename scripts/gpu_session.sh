@@ -91,6 +91,11 @@ task() {
         # issue 32: the 100-copy course on one GPU from a cold build cache (COURSE_STOP: the most
         # seconds it is given), and one kernel's course on 1 GPU and on 2 (TWO_STOP each)
         course) out=${COURSE_OUT:-bench/grader_bench_course.json}
+                # the builds' CPU priority as the kernel sees it, 90 s in (grader/isolation/priority.py)
+                (sleep 90; cat /proc/sys/kernel/sched_autogroup_enabled; head -n 3 /proc/self/cgroup
+                 for p in $(pgrep -f 'cicc|nvcc|ninja|loop.py|harness' | head -n 40); do
+                     echo "$p $(ps -o ni=,comm= -p $p) $(cat /proc/$p/autogroup 2>/dev/null)"; done
+                 uptime) > "$OUT/priority_sample.txt" 2>&1 &
                 make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="--no-baselines --stop-after ${COURSE_STOP:-900} --out $out" \
                     ; s=$?; cp "$out" "$OUT/" 2>/dev/null
                 # where each Triton copy's kernels were compiled (folders.jit_report), and what

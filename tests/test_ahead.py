@@ -130,7 +130,7 @@ def test_what_is_compiled_ahead_sees_no_gpu_and_is_not_interpreted(monkeypatch, 
             seen["without_gpus"] = True
             return self
 
-        def wrap(self, cmd, *, writable=(), readonly=()):
+        def wrap(self, cmd, *, writable=(), readonly=(), nice=0):
             seen["wrapped"] = (list(writable), list(readonly))
             return cmd
 

@@ -92,14 +92,15 @@ def compile_ahead(sub: Submission, build: BuildResult, *, build_dir: Path, devic
     env.pop("TRITON_INTERPRET", None)  # compiled for the GPU, not interpreted
     env["TRITON_CACHE_DIR"] = str(folder / "triton")
     if sandbox is not None:
-        cmd = sandbox.without_gpus().wrap(cmd, writable=[build_dir], readonly=[sub.path])
+        cmd = sandbox.without_gpus().wrap(cmd, writable=[build_dir], readonly=[sub.path],
+                                          nice=limits.build_nice)
     started = time.monotonic()
     with QUOTA.watch(build_dir, int(limits.folder_gb * (1 << 30)), limits.folder_files):
         proc = run_limited(cmd, timeout_s=limit_s, env=env,
                            cwd=sub.path, head_bytes=limits.output_head_bytes,
                            tail_bytes=limits.output_tail_bytes,
                            file_bytes=int(limits.file_gb * (1 << 30)),
-                           cpus=split_cpus(limits.gpu_stage_cpus).build,
+                           cpus=split_cpus(limits.gpu_stage_cpus).build, nice=limits.build_nice,
                            **QUOTA.hooks(build_dir, spare_root=False))
         over = QUOTA.over(build_dir)
     elapsed = time.monotonic() - started

@@ -92,8 +92,14 @@ class Limits:
     # config.BUILDS_YIELD_AHEAD submissions waiting (1: builds never yield). On 16-CPU H100
     # machines a Triton copy's run stage took 4.1 s with 6 builds beside it and 5.2 s with 13,
     # and a cold 100-copy course graded 59 in 600 s with the builds yielding, against 47 without
-    # (three machines: notes/throughput.md, session 17).
+    # (three machines: notes/throughput.md, session 17). Builds that never yield, even at a lower
+    # CPU priority (build_nice), left the course no faster and the solution copies' medians
+    # further apart (p90 1.30% against 0.88%: session 27).
     build_yield_share: float = 0.5
+    # The CPU priority (nice, 0-19) of every build (compile, import check, compile ahead) and
+    # what it starts: below the GPU stages' runs begun early on the same CPUs, which a turn waits
+    # for (grader/isolation/priority.py). 0: the grader's own priority.
+    build_nice: int = 10
     # What a course build's limits were scaled by for the machine's load (build.stage.under_load):
     # 1, or the factor its timeout message names. Set by the build stage, not by a knob.
     load_scale: float = 1.0

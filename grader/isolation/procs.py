@@ -22,6 +22,7 @@ from typing import Callable, Iterable
 from grader.common import config
 from grader.common.text import clean
 from grader.isolation.cpus import _cpu_list
+from grader.isolation.priority import lower_priority
 
 # Every child of a grading run carries this variable (its value: the run's token), so the run's
 # reaper (grader/isolation/reaper.py) can find a stray that left its process group, and tests can look
@@ -167,13 +168,15 @@ class _CappedReader(threading.Thread):
 def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathLike | None = None,
                  head_bytes: int = 8192, tail_bytes: int = 24576, memory_bytes: int | None = None,
                  file_bytes: int | None = None, pass_fds: tuple[int, ...] = (),
-                 cpus: Iterable[int] | None = None
+                 cpus: Iterable[int] | None = None, nice: int = 0
                  ) -> tuple[subprocess.Popen, "_CappedReader"]:
     """Start `cmd` in a new session with stdout and stderr merged into a capped reader.
     `memory_bytes` caps the address space of it and its children (not for CUDA processes: the
     driver maps far more virtual memory than it uses); `file_bytes` caps any file they write;
     `pass_fds` stay open in the child; `cpus` (a CpuSplit's, among this process's own CPUs)
-    are the only CPUs it and everything it starts may run on."""
+    are the only CPUs it and everything it starts may run on; `nice` > 0: it and everything it
+    starts run at that nice, their session too (priority.lower_priority): they yield the CPUs
+    to the grader's other children."""
 
     parent = os.getpid()
     pin = None
@@ -195,6 +198,8 @@ def spawn_capped(cmd: list[str], *, env: dict | None = None, cwd: str | os.PathL
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
         if file_bytes:
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+        if nice > 0:
+            lower_priority(nice)
 
     if CHILDREN.cancelled.is_set():
         raise Cancelled("the run is stopping: no new process is started")
@@ -214,15 +219,15 @@ def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
                 cwd: str | os.PathLike | None = None, head_bytes: int = 8192,
                 tail_bytes: int = 24576, memory_bytes: int | None = None,
                 file_bytes: int | None = None, cpus: Iterable[int] | None = None,
-                started: Callable[[int], None] | None = None,
+                nice: int = 0, started: Callable[[int], None] | None = None,
                 ended: Callable[[int], None] | None = None) -> ProcResult:
     """Run `cmd` in a new session with a wall-clock limit; output merged and capped, `cpus` the
-    only CPUs it runs on (spawn_capped). `started(pid)` once it runs and `ended(pid)` once its
+    only CPUs it runs on, `nice` its CPU priority (spawn_capped). `started(pid)` once it runs and `ended(pid)` once its
     group is killed (grader/isolation/quota.py: the folder it writes)."""
     start = time.monotonic()
     proc, reader = spawn_capped(cmd, env=env, cwd=cwd, head_bytes=head_bytes,
                                 tail_bytes=tail_bytes, memory_bytes=memory_bytes,
-                                file_bytes=file_bytes, cpus=cpus)
+                                file_bytes=file_bytes, cpus=cpus, nice=nice)
     timed_out = False
     try:
         if started is not None:

@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from grader.common import config
+from grader.isolation.priority import lowered
 
 MODES = ("auto", "require", "off")   # GRADER_SANDBOX: auto = use it when it works
 TMPFS_BYTES = 8 << 30   # each scratch tmpfs (nvcc's temporary files go to /tmp)
@@ -109,12 +110,14 @@ class Sandbox:
         return self.bwrap is not None
 
     def wrap(self, cmd: list[str], *, writable: list[Path | str] = (),
-             readonly: list[Path | str] = (), hide_libraries: bool = False) -> list[str]:
+             readonly: list[Path | str] = (), hide_libraries: bool = False,
+             nice: int = 0) -> list[str]:
         """`cmd` as run inside the sandbox: `writable` folders bound read-write, `readonly` ones
         (the submission's folder) read-only, as an unprivileged user. `hide_libraries` (a
         student's subject): every cuDNN engine library (cudnn_engines) reads as an empty file
         inside, so that none can be loaded; the dispatcher libcudnn.so.N, which libtorch_cuda
-        needs to load at all, stays."""
+        needs to load at all, stays. `nice` (a build): run at that CPU priority, in the session
+        --new-session makes too (priority.lowered)."""
         if not self.active:
             return cmd
         args = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
@@ -142,7 +145,7 @@ class Sandbox:
             bound.append(dest)
         if hide_libraries:   # last: over the binds that show the files
             args += hide_args(cudnn_engines(self.cudnn_folders), bound)
-        return args + ["--", *drop_privileges(), *cmd]
+        return args + ["--", *drop_privileges(), *lowered(cmd, nice)]
 
     @classmethod
     def probe(cls, *, readable: list[Path | str], scratch: list[Path | str],

@@ -47,18 +47,22 @@ class ChecksBehind(Behind):
         self._work.put((left, done))
 
     def wait(self) -> None:
-        self._idle.wait()
-        error, self._error = self._error, None
+        error = self._settled()
         if error is not None:
             raise error
 
     def end(self) -> BaseException | None:
         """Wait for the last one, then end the thread (the lane's end); what stopped the last
         one, if anything did."""
-        self._idle.wait()
-        error, self._error = self._error, None
+        error = self._settled()
         self._work.put(None)
         self._thread.join()
+        return error
+
+    def _settled(self) -> BaseException | None:
+        """Once nothing left behind runs: what stopped the last of it (taken: said once)."""
+        self._idle.wait()
+        error, self._error = self._error, None
         return error
 
     def _serve(self) -> None:
