@@ -222,8 +222,8 @@ def run_limited(cmd: list[str], *, timeout_s: float, env: dict | None = None,
                 nice: int = 0, started: Callable[[int], None] | None = None,
                 ended: Callable[[int], None] | None = None) -> ProcResult:
     """Run `cmd` in a new session with a wall-clock limit; output merged and capped, `cpus` the
-    only CPUs it runs on, `nice` its CPU priority (spawn_capped). `started(pid)` once it runs and `ended(pid)` once its
-    group is killed (grader/isolation/quota.py: the folder it writes)."""
+    only CPUs it runs on, `nice` its CPU priority (spawn_capped). `started(pid)` once it runs
+    and `ended(pid)` once its group is killed (grader/isolation/quota.py: the folder it writes)."""
     start = time.monotonic()
     proc, reader = spawn_capped(cmd, env=env, cwd=cwd, head_bytes=head_bytes,
                                 tail_bytes=tail_bytes, memory_bytes=memory_bytes,
