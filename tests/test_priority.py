@@ -2,6 +2,7 @@
 grader/isolation/priority.py): the build's processes at Limits.build_nice, and their session's
 scheduling group too, sandboxed or not, however many start at once."""
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -63,10 +64,16 @@ def box_or_skip() -> Sandbox:
     return box
 
 
-def build_says(make_submission, tmp_path, name: str, *, nice: int, sandbox: Sandbox | None):
+GPU = dataclasses.replace(CPU, cuda=True, name="NVIDIA H100", capability=(9, 0))
+
+
+def build_says(make_submission, tmp_path, name: str, *, nice: int, sandbox: Sandbox | None,
+               device: DeviceInfo = GPU):
+    """An import check's own view of its priority (a build on a GPU machine: the import check
+    needs no GPU, and gets none)."""
     folder = make_submission(name, TELL)
     log = tmp_path / f"{name}.build.log"
-    r = build_submission(inspect_folder(folder), build_dir=tmp_path / f"b-{name}", device=CPU,
+    r = build_submission(inspect_folder(folder), build_dir=tmp_path / f"b-{name}", device=device,
                          limits=config.Limits(build_nice=nice), log_path=log, sandbox=sandbox)
     assert r.status is Status.PASS, r.message
     return told(log.read_text())
@@ -87,6 +94,18 @@ def test_a_builds_code_runs_at_the_builds_nice_and_so_does_its_session(make_subm
     if autogroups():
         assert group == 10
     nice, group = build_says(make_submission, tmp_path, "even", nice=0, sandbox=box)
+    assert nice == 0
+    if autogroups():
+        assert group == 0
+
+
+def test_without_a_gpu_a_build_runs_at_the_graders_priority(make_submission, tmp_path):
+    """Nothing is timed without a GPU: a student's check or a CPU course builds at full speed."""
+    if os.nice(0) != 0:
+        pytest.skip("the tests run below the default priority already")
+    assert config.Limits().build_nice > 0
+    nice, group = build_says(make_submission, tmp_path, "cpu", nice=config.Limits().build_nice,
+                             sandbox=None, device=CPU)
     assert nice == 0
     if autogroups():
         assert group == 0

@@ -262,8 +262,11 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
     env = child_env(cuda=device.cuda)
     env["CUDA_VISIBLE_DEVICES"] = ""
     sandbox = sandbox.without_gpus() if sandbox is not None else None
+    # Below the GPU stages' runs begun early, on a GPU machine; without one nothing is timed, and
+    # a build runs at the grader's priority (a student's check, CI's course tests).
+    nice = limits.build_nice if device.cuda else 0
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
-        cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path], nice=limits.build_nice)
+        cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path], nice=nice)
     memory = int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None
     hooks = QUOTA.hooks(build_dir, spare_root=False)
     if watch is not None:
@@ -274,7 +277,7 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
                            memory_bytes=memory,
                            file_bytes=int(limits.file_gb * (1 << 30)),
                            cpus=split_cpus(limits.gpu_stage_cpus).build,   # off the timed calls' CPUs
-                           nice=limits.build_nice, **hooks)
+                           nice=nice, **hooks)
         over = QUOTA.over(build_dir)
     if sub.kind is Kind.PYTHON:   # an import check leaves nothing a later stage reads: what its
         empty_folder(build_dir)   # code wrote there does not outlive the watch

@@ -96,9 +96,10 @@ class Limits:
     # CPU priority (build_nice), left the course no faster and the solution copies' medians
     # further apart (p90 1.30% against 0.88%: session 27).
     build_yield_share: float = 0.5
-    # The CPU priority (nice, 0-19) of every build (compile, import check, compile ahead) and
-    # what it starts: below the GPU stages' runs begun early on the same CPUs, which a turn waits
-    # for (grader/isolation/priority.py). 0: the grader's own priority.
+    # The CPU priority (nice, 0-19) of every build on a GPU machine (compile, import check,
+    # compile ahead) and what it starts: below the GPU stages' runs begun early on the same CPUs,
+    # which a turn waits for (grader/isolation/priority.py). 0: the grader's own priority, as
+    # every build has without a GPU.
     build_nice: int = 10
     # What a course build's limits were scaled by for the machine's load (build.stage.under_load):
     # 1, or the factor its timeout message names. Set by the build stage, not by a knob.
