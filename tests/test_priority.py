@@ -67,21 +67,31 @@ def box_or_skip() -> Sandbox:
 GPU = dataclasses.replace(CPU, cuda=True, name="NVIDIA H100", capability=(9, 0))
 
 
+@pytest.fixture
+def reserving(monkeypatch):
+    """A machine big enough that the GPU stages keep a CPU of their own (cpus.split_cpus): here,
+    any with two CPUs, one of them the GPU stages'."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setattr(config, "RESERVE_MIN_CPUS", 2)
+
+
 def build_says(make_submission, tmp_path, name: str, *, nice: int, sandbox: Sandbox | None,
                device: DeviceInfo = GPU):
     """An import check's own view of its priority (a build on a GPU machine: the import check
-    needs no GPU, and gets none)."""
+    needs no GPU, and gets none); the GPU stages keep one CPU where the machine reserves any."""
     folder = make_submission(name, TELL)
     log = tmp_path / f"{name}.build.log"
     r = build_submission(inspect_folder(folder), build_dir=tmp_path / f"b-{name}", device=device,
-                         limits=config.Limits(build_nice=nice), log_path=log, sandbox=sandbox)
+                         limits=config.Limits(build_nice=nice, gpu_stage_cpus=1), log_path=log,
+                         sandbox=sandbox)
     assert r.status is Status.PASS, r.message
     return told(log.read_text())
 
 
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["plain", "sandboxed"])
 def test_a_builds_code_runs_at_the_builds_nice_and_so_does_its_session(make_submission, tmp_path,
-                                                                       sandboxed):
+                                                                       sandboxed, reserving):
     """The attack it stops is the grader's own: builds that take the CPUs the turns wait for.
     The import check (a build) runs the submission's code at Limits.build_nice, in a session
     whose scheduling group is lowered too (bubblewrap's --new-session makes a new one, at 0);
@@ -99,13 +109,28 @@ def test_a_builds_code_runs_at_the_builds_nice_and_so_does_its_session(make_subm
         assert group == 0
 
 
-def test_without_a_gpu_a_build_runs_at_the_graders_priority(make_submission, tmp_path):
+def test_without_a_gpu_a_build_runs_at_the_graders_priority(make_submission, tmp_path, reserving):
     """Nothing is timed without a GPU: a student's check or a CPU course builds at full speed."""
     if os.nice(0) != 0:
         pytest.skip("the tests run below the default priority already")
     assert config.Limits().build_nice > 0
     nice, group = build_says(make_submission, tmp_path, "cpu", nice=config.Limits().build_nice,
                              sandbox=None, device=CPU)
+    assert nice == 0
+    if autogroups():
+        assert group == 0
+
+
+def test_on_a_gpu_machine_too_small_to_reserve_cpus_a_build_runs_at_the_graders_priority(
+        make_submission, tmp_path, monkeypatch):
+    """Where the GPU stages keep no CPUs of their own (fewer than config.RESERVE_MIN_CPUS), their
+    work and the machine's other work share every CPU with the builds: a build below them would
+    get only what they leave (CI's 2-core machine under load began half as many runs early)."""
+    if os.nice(0) != 0:
+        pytest.skip("the tests run below the default priority already")
+    monkeypatch.setattr(config, "RESERVE_MIN_CPUS", len(os.sched_getaffinity(0)) + 1)
+    nice, group = build_says(make_submission, tmp_path, "small", nice=config.Limits().build_nice,
+                             sandbox=None)
     assert nice == 0
     if autogroups():
         assert group == 0

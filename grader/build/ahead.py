@@ -36,7 +36,7 @@ from grader.common import config
 from grader.common.status import Status
 from grader.course.submission import Kind, Submission, source_text
 from grader.course.verdicts import BuildResult
-from grader.isolation.cpus import split_cpus
+from grader.isolation.cpus import build_priority, split_cpus
 from grader.isolation.device import DeviceInfo
 from grader.isolation.procs import child_env, run_limited
 from grader.isolation.quota import QUOTA
@@ -91,16 +91,16 @@ def compile_ahead(sub: Submission, build: BuildResult, *, build_dir: Path, devic
     env["CUDA_VISIBLE_DEVICES"] = ""   # and the sandbox has no GPU node: see the invariant
     env.pop("TRITON_INTERPRET", None)  # compiled for the GPU, not interpreted
     env["TRITON_CACHE_DIR"] = str(folder / "triton")
+    nice = build_priority(limits.build_nice, gpu=True, reserve=limits.gpu_stage_cpus)
     if sandbox is not None:
-        cmd = sandbox.without_gpus().wrap(cmd, writable=[build_dir], readonly=[sub.path],
-                                          nice=limits.build_nice)
+        cmd = sandbox.without_gpus().wrap(cmd, writable=[build_dir], readonly=[sub.path], nice=nice)
     started = time.monotonic()
     with QUOTA.watch(build_dir, int(limits.folder_gb * (1 << 30)), limits.folder_files):
         proc = run_limited(cmd, timeout_s=limit_s, env=env,
                            cwd=sub.path, head_bytes=limits.output_head_bytes,
                            tail_bytes=limits.output_tail_bytes,
                            file_bytes=int(limits.file_gb * (1 << 30)),
-                           cpus=split_cpus(limits.gpu_stage_cpus).build, nice=limits.build_nice,
+                           cpus=split_cpus(limits.gpu_stage_cpus).build, nice=nice,
                            **QUOTA.hooks(build_dir, spare_root=False))
         over = QUOTA.over(build_dir)
     elapsed = time.monotonic() - started

@@ -47,7 +47,7 @@ from grader.common import config
 from grader.common.status import Status
 from grader.course.submission import Kind, Submission
 from grader.course.verdicts import BuildResult
-from grader.isolation.cpus import split_cpus
+from grader.isolation.cpus import build_priority, split_cpus
 from grader.isolation.device import DeviceInfo
 from grader.isolation.procs import ProcResult, child_env, run_limited
 from grader.isolation.quota import QUOTA
@@ -262,9 +262,7 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
     env = child_env(cuda=device.cuda)
     env["CUDA_VISIBLE_DEVICES"] = ""
     sandbox = sandbox.without_gpus() if sandbox is not None else None
-    # Below the GPU stages' runs begun early, on a GPU machine; without one nothing is timed, and
-    # a build runs at the grader's priority (a student's check, CI's course tests).
-    nice = limits.build_nice if device.cuda else 0
+    nice = build_priority(limits.build_nice, gpu=device.cuda, reserve=limits.gpu_stage_cpus)
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
         cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path], nice=nice)
     memory = int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None

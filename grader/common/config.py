@@ -96,10 +96,11 @@ class Limits:
     # CPU priority (build_nice), left the course no faster and the solution copies' medians
     # further apart (p90 1.30% against 0.88%: session 27).
     build_yield_share: float = 0.5
-    # The CPU priority (nice, 0-19) of every build on a GPU machine (compile, import check,
-    # compile ahead) and what it starts: below the GPU stages' runs begun early on the same CPUs,
-    # which a turn waits for (grader/isolation/priority.py). 0: the grader's own priority, as
-    # every build has without a GPU.
+    # The CPU priority (nice, 0-19) of every build (compile, import check, compile ahead) and
+    # what it starts, on a GPU machine whose GPU stages keep CPUs of their own: below the runs
+    # begun early on the builds' CPUs, which a turn waits for (cpus.build_priority,
+    # grader/isolation/priority.py). 0: the grader's own priority, as elsewhere. On a machine
+    # shared with other work, that work comes first too: 0 there.
     build_nice: int = 10
     # What a course build's limits were scaled by for the machine's load (build.stage.under_load):
     # 1, or the factor its timeout message names. Set by the build stage, not by a knob.

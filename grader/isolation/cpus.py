@@ -31,6 +31,16 @@ class CpuSplit:
         return f"GPU stages share CPUs {_cpu_list(self.gpu)} with the builds (none reserved)"
 
 
+def build_priority(nice: int, *, gpu: bool, reserve: int) -> int:
+    """A build's CPU priority (Limits.build_nice; grader/isolation/priority.py): `nice` on a GPU
+    machine whose GPU stages keep CPUs of their own (split_cpus(reserve).reserved), where the
+    builds' CPUs are shared with the runs begun early that a turn waits for; else 0. Without a GPU
+    nothing is timed; on a machine too small to reserve CPUs the GPU stages' own work, and
+    anything else it runs, would leave the builds only what they do not use (CI's 2-core machine
+    under load: half as many runs begun early)."""
+    return nice if gpu and nice > 0 and split_cpus(reserve).reserved else 0
+
+
 def move_to_cpus(pids: Iterable[int], cpus: Iterable[int]) -> int:
     """Every thread of each process of `pids` allowed only `cpus` from now on (a run begun on the
     builds' CPUs moves to the GPU stages' at its turn: lookahead.Lookahead); threads they start
