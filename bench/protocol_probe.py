@@ -3,6 +3,8 @@
     python bench/protocol_probe.py [--calls 25] [--solution]     # on the GPU machine
     python bench/protocol_probe.py --solution --only solution,sdpa_cudnn --repeat 3 --profiler on
         # how far apart two processes of one kernel are
+    python bench/protocol_probe.py --only sdpa_cudnn --repeat 3 --profiler on --run-first both
+        # what a run stage's calls before the timed ones change (every timed row makes them)
 
 For trusted subjects only (the harness's null subjects, the SDPA rows and, with --solution, the
 reference solution built here), each with the subject's profiler off and then on (the timed loop
@@ -33,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from grader.common import config
 
-from grader.trusted import call_checks, timed_calls  # noqa: E402
-from grader.problem import Case  # noqa: E402
+from grader.trusted import call_checks, run_stage, timed_calls  # noqa: E402
+from grader.problem import Case, load_all_cases  # noqa: E402
 from grader.isolation.procs import child_env  # noqa: E402
 from grader.isolation.cpus import split_cpus  # noqa: E402
 from grader.isolation.sandbox import Sandbox, default_layout  # noqa: E402
@@ -52,17 +54,21 @@ def gpu_state() -> str:
         return ""
 
 
-def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_bytes: int) -> dict:
-    spec = dict(device="cuda", target=target,
+def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_bytes: int,
+          run_first: list[Case]) -> dict:
+    """One subject's timed calls; after a run stage's calls on `run_first` (as every timed row
+    is in grading: run_stage.run_stage_calls), or with none before them (`run_first` [])."""
+    spec = dict(device="cuda", target=target, cases=[c.to_dict() for c in run_first],
                 subject_cmd=sandbox.wrap([sys.executable, str(SUBJECT)],
                                          readonly=[str(Path(target["artifact"]).parent)]
                                          if "artifact" in target else []),
                 cwd=str(ROOT), head_bytes=1 << 16, tail_bytes=1 << 16, file_bytes=1 << 30,
                 deadline_s=600, case=LARGEST.to_dict(), l2_bytes=l2_bytes, env=child_env(cuda=True))
     deadline = time.monotonic() + 600
-    link, call, failed = timed_calls.open_call(spec, deadline)
+    opened, failed = run_stage.run_stage_calls(spec, deadline)
     if failed is not None:
-        return dict(failed=failed)
+        return dict(failed=failed["failed"])
+    link, call = timed_calls.open_call(spec, deadline, opened)
     clocks, verify, case, pick = [], call_checks.new_verify(), LARGEST, random.Random(0)
     try:
         for i in range(config.TIMING_WARMUP_CALLS + 1):
@@ -115,6 +121,9 @@ def main() -> int:
                    help="each subject this many times, each in a fresh process (the spread between "
                         "processes is what separates two rows of one kernel)")
     p.add_argument("--profiler", choices=("on", "off", "both"), default="both")
+    p.add_argument("--run-first", choices=("yes", "no", "both"), default="yes",
+                   help="whether each subject first makes a run stage's calls on the course's "
+                        "cases (test_cases/), as every timed row does in grading")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "protocol_probe.json")
     a = p.parse_args()
     from grader.isolation.device import detect
@@ -131,7 +140,10 @@ def main() -> int:
         keep = a.only.split(",")
         targets = [(n, t) for n, t in targets if n in keep]
     profilers = dict(on=(True,), off=(False,), both=(False, True))[a.profiler]
+    cases = load_all_cases(ROOT / "test_cases" / "test.txt", ROOT / "test_cases" / "hidden.txt")
+    firsts = dict(yes=(True,), no=(False,), both=(False, True))[a.run_first]
     figures = dict(device=device.name, date=datetime.date.today().isoformat(),
+                   run_first=[c.id for c in cases] if True in firsts else [],
                    sandbox=sandbox.describe(), case=LARGEST.id, calls=a.calls, probes={})
     cpus = split_cpus(config.Limits().gpu_stage_cpus).gpu
     if cpus:   # where grading runs the GPU stages: CPUs no build uses (procs.split_cpus)
@@ -140,19 +152,20 @@ def main() -> int:
     print(f"{'subject':16s} {'prof':4s} {'raw':>8s} {'wall':>8s} {'fence':>8s} {'events':>8s} "
           f"{'copy':>6s} {'->subj':>6s} {'taken':>6s} {'reply':>6s} {'->harn':>6s} {'beyond':>7s} "
           f"{'sd raw':>6s} {'sd ev':>6s} {'sd bey':>6s}  gpu")
-    runs = [(rep, name, target, profiled) for rep in range(a.repeat) for name, target in targets
-            for profiled in profilers]
-    for rep, name, target, profiled in runs:
+    runs = [(rep, name, target, profiled, first) for rep in range(a.repeat)
+            for name, target in targets for profiled in profilers for first in firsts]
+    for rep, name, target, profiled, first in runs:
         state = gpu_state()
         r = probe(target, profiled=profiled, calls=a.calls, sandbox=sandbox,
-                  l2_bytes=device.l2_bytes)
-        key = f"{name} profiler={'on' if profiled else 'off'}" + (f" #{rep + 1}" if a.repeat > 1 else "")
+                  l2_bytes=device.l2_bytes, run_first=cases if first else [])
+        key = (f"{name} profiler={'on' if profiled else 'off'} run_first={'yes' if first else 'no'}"
+               + (f" #{rep + 1}" if a.repeat > 1 else ""))
         figures["probes"][key] = dict(r, gpu_before=state)
         if "failed" in r:
             print(f"{name:16s} failed: {r['failed']}")
             continue
         m = {k[7:]: v for k, v in r.items() if k.startswith("median_")}
-        print(f"{name:16s} {'on' if profiled else 'off':4s} {m['raw']:8.3f} {m['wall']:8.3f} "
+        print(f"{name[:12] + (' +rf' if first else ''):16s} {'on' if profiled else 'off':4s} {m['raw']:8.3f} {m['wall']:8.3f} "
               f"{m['fence']:8.3f} {m['events']:8.3f} {m['copy']:6.3f} {m['to_subject']:6.3f} "
               f"{m['taken_up']:6.3f} {m['replying']:6.3f} "
               f"{m['to_harness']:6.3f} {m['beyond_events']:7.3f} {r['std_raw']:6.3f} "

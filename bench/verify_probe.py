@@ -68,7 +68,22 @@ def main() -> None:
         flush.zero_()
         shared[3].clone()
 
+    # the sampled check's parts, each with its own wait for the GPU
+    sample = call_checks.pick_slices(random.Random(1), case, config.TIMING_VERIFY_HEADS)
+    q, k, v = (call_checks.slices(t, sample) for t in inputs)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v).float()
+    got_slices = call_checks.slices(got, sample)
+
+    def within():
+        return bool(((got_slices.float() - expected).abs_() <= 2e-2 + 2e-2 * expected.abs()).all())
+
     figures = dict(
+        part_finite_whole_ms=timed_ms(lambda: bool(torch.isfinite(got).all()), a.calls),
+        part_finite_sum_ms=timed_ms(lambda: bool(torch.isfinite(got.sum(dtype=torch.float32))), a.calls),
+        part_slices_ms=timed_ms(lambda: [call_checks.slices(t, sample) for t in (*inputs, got)], a.calls),
+        part_sdpa_slices_ms=timed_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v).float(),
+                                     a.calls),
+        part_within_ms=timed_ms(within, a.calls),
         verify_sampled_ms=timed_ms(lambda: verify(config.TIMING_VERIFY_HEADS), a.calls),
         verify_whole_ms=timed_ms(lambda: verify(everything), a.calls),
         call_work_ms=timed_ms(call_work, a.calls),

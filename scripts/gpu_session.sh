@@ -22,7 +22,8 @@
 # lanes (COPIES, LANES, STOP_AFTER: a short course, then 1 GPU with lanes 3 and 1), lanes-warm
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
 # wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
-# probe (bench/protocol_probe.py --solution $PROBE_ARGS), course (COPIES, COURSE_STOP, COURSE_OUT:
+# probe (bench/protocol_probe.py --solution $PROBE_ARGS), probe-path (a run stage's calls first
+# or not), verify-probe (bench/verify_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT:
 # the 100-copy course on one GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
 # with each lane count in turn), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
@@ -56,6 +57,8 @@ setup() {
 
 task() {
     name=$1
+    log="$OUT/$name.log"   # a task named twice keeps both logs: name.log, name.2.log
+    n=2; while [ -e "$log" ]; do log="$OUT/$name.$n.log"; n=$((n + 1)); done
     echo "== $name $(date -u +%H:%M:%S)"
     case $name in
         smoke) .venv/bin/python -m grader check examples/triton_flash ;;
@@ -68,10 +71,17 @@ task() {
         examples) make grade RESULTS=results-examples && cp results-examples/grades.csv "$OUT/" ;;
         adversarial) make adversarial; python3 tests/adversarial/verdicts.py results-adversarial ;;
         # its figures are written whether or not the limits hold: bring them back either way
-        timing-trust) make timing-trust; s=$?; cp bench/timing_trust.json "$OUT/" 2>/dev/null; (exit $s) ;;
+        timing-trust) make timing-trust; s=$?; cp bench/timing_trust.json "$OUT/timing_trust_$(date -u +%H%M%S).json" 2>/dev/null; (exit $s) ;;
         # where a timed call's time goes, per trusted kernel (the overhead figure's breakdown)
         probe) make env && .venv/bin/python bench/protocol_probe.py --solution ${PROBE_ARGS:-} \
                    && cp bench/protocol_probe.json "$OUT/" ;;
+        # what a run stage's calls before the timed ones change in a trusted subject's (one
+        # path for every timed row: run_stage.run_stage_calls), three processes each way
+        probe-path) make env && .venv/bin/python bench/protocol_probe.py --only sdpa_cudnn,sdpa_flash \
+                        --repeat 3 --profiler on --run-first both --calls 60 --out bench/protocol_probe_path.json \
+                        && cp bench/protocol_probe_path.json "$OUT/" ;;
+        # what the timed loop's check of each output costs, part by part
+        verify-probe) make env && .venv/bin/python bench/verify_probe.py && cp bench/verify_probe.json "$OUT/" ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;
         # the figures' JSON is the newest bench/grader_bench*.json (BENCH_ARGS may name it: --out)
         bench-grader) make bench-grader COPIES="${COPIES:-100}" BENCH_ARGS="${BENCH_ARGS:-}" \
@@ -143,10 +153,10 @@ for f in sorted(glob.glob("build/bench-grader/results-*/**/triton_flash_*.json",
         kernel6) make env && .venv/bin/python bench/kernel6_check.py \
                      && cp bench/kernel6_check.json "$OUT/" ;;
         *) echo "unknown task: $name" >&2; return 2 ;;
-    esac > "$OUT/$name.log" 2>&1
+    esac > "$log" 2>&1
     code=$?
     echo "== $name exited $code $(date -u +%H:%M:%S)"
-    tail -n 25 "$OUT/$name.log"
+    tail -n 25 "$log"
     return $code
 }
 

@@ -35,7 +35,8 @@ def test_the_harness_times_a_known_kernel_from_another_process(tmp_path):
     spec = dict(mode="time", device="cuda", target=dict(kind="builtin", name="sdpa_flash"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 32, deadline_s=300, env=child_env(cuda=True),
-                case=case.to_dict(), budget_s=3, l2_bytes=l2,
+                case=case.to_dict(), cases=[Case(1, 2, 77, 64, seed=2).to_dict(), case.to_dict()],
+                budget_s=3, l2_bytes=l2,
                 precision=dict(precision_factor=2.0, precision_floor=1e-3))
     record = time_stage.time_case(spec)
     assert "failed" not in record, record
@@ -60,7 +61,8 @@ def test_the_protocol_is_calibrated_on_subjects_that_load_no_submission(tmp_path
     spec = dict(mode="calibrate", device="cuda", target=dict(kind="builtin", name="null"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 32, deadline_s=300, env=child_env(cuda=True),
-                case=case.to_dict(), l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size, reps=8)
+                case=case.to_dict(), cases=[Case(1, 2, 77, 64, seed=2).to_dict(), case.to_dict()],
+                l2_bytes=torch.cuda.get_device_properties(0).L2_cache_size, reps=8)
     record = calibration.calibrate(spec)
     cost = record["protocol"]
     assert 0 < cost["idle_ms"] < 20 and cost["busy_ms"] > 0 and cost["busy_work_ms"] > 0, record

@@ -364,7 +364,8 @@ def time_spec(tmp_path, source: str, max_calls: int = 6, name: str = "sub") -> d
     return dict(mode="time", device="cpu", target=dict(kind="python", source=str(folder / "submission.py")),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(folder), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
-                case=Case(1, 2, 16, 64, seed=3).to_dict(), budget_s=60, l2_bytes=0,
+                case=Case(1, 2, 16, 64, seed=3).to_dict(), cases=[CASES[0].to_dict()],
+                budget_s=60, l2_bytes=0,
                 max_calls=max_calls, precision=dict(precision_factor=2.0, precision_floor=1e-3))
 
 
@@ -413,7 +414,7 @@ def test_a_kernel_wrong_now_and_then_is_timed_on_and_one_wrong_as_a_rule_stops_t
             calls += 1
             q, k, v = data
             out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
-            return v * 1 if calls == 4 else out   # (the 2 warm-up calls come first)
+            return v * 1 if calls == 5 else out   # (the run stage's call, 2 warm-up calls first)
     """
     record = time_stage.time_case(time_spec(tmp_path, flaky))
     assert "failed" not in record, record
@@ -494,7 +495,7 @@ def test_what_the_subject_reports_is_matched_to_the_timed_call_it_is_about(tmp_p
         calls = []
         def custom_kernel(data):
             calls.append(1)
-            if len(calls) > 2:       # after the two warm-up calls: the timed ones
+            if len(calls) > 3:       # after the run stage's and the two warm-up calls: the timed ones
                 time.sleep(0.2)
             return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()
     """, max_calls=2))
@@ -592,7 +593,7 @@ def test_one_long_call_cannot_end_the_timed_loop_of_a_fast_kernel(tmp_path):
         calls = []
         def custom_kernel(data):
             calls.append(1)
-            if len(calls) == 5:
+            if len(calls) == 6:      # the third timed call (after the run stage's and 2 warm-up calls)
                 time.sleep(1.5)
             return __import__('torch').nn.functional.scaled_dot_product_attention(*(t.float() for t in data)).half()
     """
@@ -615,7 +616,7 @@ def test_the_calibration_does_what_the_timed_loop_does_between_calls(tmp_path):
     spec = dict(mode="calibrate", device="cpu", target=dict(kind="builtin", name="null"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
-                case=case.to_dict(), l2_bytes=0, reps=5, warmup=1)
+                case=case.to_dict(), cases=[CASES[0].to_dict()], l2_bytes=0, reps=5, warmup=1)
     record = calibration._calibration_calls(spec, "null")
     assert "failed" not in record, record
     assert len(record["raw"]) == 5 and all(t > 0 for t in record["raw"])
@@ -658,7 +659,7 @@ def test_the_calibration_starts_its_subjects_at_once_and_calls_them_in_turn(tmp_
     spec = dict(mode="calibrate", device="cpu", target=dict(kind="builtin", name="null"),
                 subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path), head_bytes=4096,
                 tail_bytes=4096, file_bytes=1 << 30, deadline_s=120, env=child_env(cuda=False),
-                case=case.to_dict(), l2_bytes=0, reps=5, warmup=1)
+                case=case.to_dict(), cases=[CASES[0].to_dict()], l2_bytes=0, reps=5, warmup=1)
     record = calibration.calibrate(spec)
     assert "protocol" in record and record["protocol"]["idle_ms"] > 0, record
     names = ("null", *calibration.CALIBRATION_KERNELS)
@@ -693,6 +694,95 @@ PID_PRINTER = """
         q, k, v = data
         return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
 """
+
+
+SDPA_KERNEL = """
+    import torch
+    def custom_kernel(data):
+        q, k, v = data
+        return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+"""
+
+
+def test_every_timed_row_is_timed_after_the_calls_of_a_run_stage(tmp_path, monkeypatch):
+    """One path for every timed row: a submission is timed on its run stage's subject, which has
+    been called on every case under the profiler first; timed on fresh subjects, the baselines
+    and the calibration were charged about 0.1-0.2 ms a call less than those calls cost (notes/
+    throughput.md, sessions 26-28). So every subject that is timed, a submission's
+    (run_then_time), a fresh one (a baseline's), one prepared before its turn (GPU lanes) and
+    each of the calibration's, gets the same calls before its first timed one: every case of the
+    run stage once, under the profiler, in order; and none after."""
+    from grader.trusted import harness
+    sent: dict[Link, list[dict]] = {}
+    encode = Link.encode
+
+    def recorded(self, request):
+        sent.setdefault(self, []).append(request)
+        return encode(self, request)
+
+    monkeypatch.setattr(Link, "encode", recorded)
+    timed = Case(1, 2, 16, 64, seed=3)
+    cases = [c.to_dict() for c in (*CASES, timed)]
+
+    def control(word: bytes) -> tuple[int, int]:
+        ready_r, ready_w = os.pipe()
+        decide_r, decide_w = os.pipe()
+        os.write(decide_w, word)
+        return ready_w, decide_r
+
+    # a submission: its run stage, then its time stage on the same subject
+    spec, _ = stages_spec(tmp_path / "submission", SDPA_KERNEL)
+    harness.run_then_time(dict(spec, control=control(b"time\n")))
+    records = [json.loads(Path(spec["time"]["result"]).read_text())]
+    # a baseline's fresh subject, and a time stage's own, prepared before its turn
+    records.append(time_stage.time_case(dict(time_spec(tmp_path, SDPA_KERNEL, max_calls=3, name="fresh"),
+                                             cases=cases)))
+    records.append(time_stage.time_prepared(dict(
+        time_spec(tmp_path, SDPA_KERNEL, max_calls=3, name="prepared"), cases=cases, prepare=True,
+        control=control(b"run\n"))))
+    assert all("failed" not in r and r["stats"]["n"] > 0 for r in records), records
+    # the calibration's three subjects
+    calibrated = calibration.calibrate(dict(mode="calibrate", device="cpu",
+                                            target=dict(kind="builtin", name="null"),
+                                            subject_cmd=[sys.executable, str(SUBJECT)], cwd=str(tmp_path),
+                                            head_bytes=4096, tail_bytes=4096, file_bytes=1 << 30,
+                                            deadline_s=120, env=child_env(cuda=False),
+                                            case=timed.to_dict(), cases=cases, l2_bytes=0, reps=3, warmup=1))
+    # (on the CPU, cuDNN's SDPA raises in every call: a run stage's call that raises is still made)
+    assert calibrated["protocol"]["idle_ms"] > 0 and set(calibrated["breakdown"]) == {
+        "null", *calibration.CALIBRATION_KERNELS}
+    timed_links = [requests for requests in sent.values() if any(r["op"] == "arm" for r in requests)]
+    assert len(timed_links) == 3 + len(("null", *calibration.CALIBRATION_KERNELS))
+    for requests in timed_links:
+        first_timed = next(i for i, r in enumerate(requests) if r["op"] == "arm")
+        made = [(r["shape"], r.get("profile")) for r in requests if r["op"] == "call"]
+        assert made == [(c["shape"] if "shape" in c else list(Case.from_dict(c).shape), True)
+                        for c in cases], made
+        assert not any(r["op"] == "call" for r in requests[first_timed:])
+
+
+def test_the_baselines_and_the_calibration_are_given_the_run_stage_s_cases(monkeypatch, tmp_path):
+    """The pipeline's side of one path: a baseline's time stage, a time stage's own subject (GPU
+    lanes, time_subject) and the calibration are each given every case a run stage calls on a
+    GPU, in order, to call before their timed ones (the harness's side is the test above)."""
+    from grader.isolation.device import DeviceInfo
+    from grader.report.progress import Progress
+    from grader.stages import baseline, context, time as time_mod
+    gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
+                     memory_bytes=0, sm_count=0, driver="x", torch_version="x", cuda_version="x",
+                     nvcc=None, python="3")
+    ctx = context.GradeContext(cases=tuple(CASES), device=gpu, limits=config.Limits(), out_dir=tmp_path,
+                               build_dir=tmp_path / "build", progress=Progress(1, live=False))
+    asked = []
+    monkeypatch.setattr(time_mod, "run_harness",
+                        lambda mode, target, ctx, work, **fields: asked.append((mode, fields)) or (None, ""))
+    monkeypatch.setattr(time_mod, "ensure_gpu_healthy", lambda ctx: None)
+    baseline.grade_baseline("sdpa_flash", ctx)
+    time_mod.calibrate_protocol(ctx)
+    run_stage_cases = [c.to_dict() for c in CASES]
+    assert [(mode, fields["cases"]) for mode, fields in asked] == [("time", run_stage_cases),
+                                                                  ("calibrate", run_stage_cases)]
+    assert time_mod.time_fields(CASES[-1], ctx, tmp_path)["cases"] == run_stage_cases
 
 
 def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):

@@ -41,8 +41,11 @@ class TimedRun:
 
 
 def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
-    """What the harness's time stage needs beyond the spec's common fields."""
-    return dict(case=case.to_dict(), budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
+    """What the harness's time stage needs beyond the spec's common fields: the timed case, and
+    "cases", the calls a run stage makes, which a subject not timed on its run stage's makes
+    first (run_stage.run_stage_calls)."""
+    return dict(case=case.to_dict(), cases=run_stage_cases(ctx),
+                budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
                 coarse_ms=coarse_ms(case, ctx.device), slow_ms=slow_ms(case, ctx.device),
                 protocol=ctx.protocol.to_dict(),
                 precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]),
@@ -115,6 +118,12 @@ def _timed(record: dict | None, output: str, case: Case, ctx: GradeContext,
     return TimedRun(TimingStats.from_dict(record["stats"]), record)
 
 
+def run_stage_cases(ctx: GradeContext) -> list[dict]:
+    """The cases a run stage calls on a GPU (run.select_cases: all of them), in order: what every
+    timed subject has been called on before its timed calls."""
+    return [c.to_dict() for c in ctx.cases]
+
+
 def coarse_ms(case: Case, device: DeviceInfo) -> float | None:
     """The median above which a call is timed coarsely (config.TIMING_COARSE_FRACTION of the
     GPU's measured matmul peak); None where the peak is unknown."""
@@ -171,6 +180,7 @@ def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
                                      folder=[], deadline_s=ctx.limits.time_s,
                                      case=largest(list(ctx.cases)).to_dict(),
+                                     cases=run_stage_cases(ctx),
                                      l2_bytes=ctx.device.l2_bytes)
     if record is None or "protocol" not in record:
         ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")

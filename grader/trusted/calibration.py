@@ -14,6 +14,7 @@ from grader.common.text import clean
 from grader.course.verdicts import ProtocolCost
 from grader.trusted.replies import SubjectGone
 from grader.trusted.link import Link, allocate
+from grader.trusted.run_stage import buffer_numel, run_stage_calls
 from grader.trusted.subject_start import loaded, _not_said
 from grader.trusted.call_checks import new_verify, verify_call
 from grader.trusted.timed_calls import (_urandom, round_trip_ms, open_call, warm_up,
@@ -37,7 +38,8 @@ def calibrate(spec: dict) -> dict:
     the run has its share subtracted.
 
     The subjects all start at once, each starting CUDA and its profiler as a run begun early
-    prepares (subject/loop.py prepare), and are then called in turn, the others waiting: a
+    prepares (subject/loop.py prepare), and are then called in turn, the others waiting, each
+    first making a run stage's calls (spec "cases") as a submission's subject has: a
     subject's start is most of its time, and three in turn took 54 s while a course's builds ran
     (session 15). They run no submission's code."""
     subjects: dict[str, tuple[Link, dict[str, SharedBuffer]]] = {}
@@ -83,14 +85,15 @@ def calibrate(spec: dict) -> dict:
 def _spawn_prepared_builtin(spec: dict, name: str) -> tuple[Link, dict[str, SharedBuffer]]:
     """A subject for the builtin `name`, started on buffers of its own for the spec's case, that
     prepares (CUDA, the profiler's first start), says "prepared" and then waits for "load"."""
-    buffers = allocate(spec["device"], Case.from_dict(spec["case"]).numel)
+    buffers = allocate(spec["device"], buffer_numel(spec))
     return Link(dict(spec, target=dict(kind="builtin", name=name), prepare=True), buffers), buffers
 
 
 def _calibration_calls(spec: dict, name: str,
                        prepared: tuple[Link, dict[str, SharedBuffer]] | None = None) -> dict:
     """The calibration's calls on the builtin `name`: on `prepared` (_spawn_prepared_builtin),
-    or on a subject started here."""
+    or on a subject started here, after a run stage's calls (run_stage.run_stage_calls), as a
+    submission's timed calls come after its run stage's."""
     deadline = time.monotonic() + spec["deadline_s"]
     case = Case.from_dict(spec["case"])
     target_spec = dict(spec, target=dict(kind="builtin", name=name))
@@ -102,9 +105,10 @@ def _calibration_calls(spec: dict, name: str,
     if failed is not None:
         prepared[0].close()
         return dict(failed=failed, output=prepared[0].output())
-    link, call, failed = open_call(target_spec, deadline, prepared)
+    opened, failed = run_stage_calls(target_spec, deadline, prepared)
     if failed is not None:
         return failed
+    link, call = open_call(target_spec, deadline, opened)
     verify, pick = new_verify(), random.Random(_urandom(16))
     try:
         # Longer than a timed loop's warm-up: one cost serves the whole run, and the first calls

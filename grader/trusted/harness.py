@@ -72,7 +72,8 @@ def run_then_time(spec: dict) -> None:
     gone (the pipeline may start the next submission's run stage then: what is left here is
     trusted work, the statistics and the spot checks), and the time stage's record goes to
     spec["time"]["result"]. The subject waits for its next request meanwhile, as between any two
-    calls; the timed loop (time_case) is the one a fresh subject gets, warm-up included."""
+    calls; the timed loop (time_case) is every timed row's, warm-up included (the others' subjects
+    make a run stage's calls first: run_stage.run_stage_calls)."""
     ready_fd, decide_fd = spec["control"]
     link, buffers, records, phases = _run_all(spec)
     write_result(spec["result"], dict(cases=records, output=link.reader.text(), phases_s=phases))
@@ -84,7 +85,7 @@ def run_then_time(spec: dict) -> None:
         decision = b""
     alive = link.proc.poll() is None and all(r.get("status") == "pass" for r in records.values())
     if decision.startswith(b"time") and alive:
-        write_result(timing["result"], time_case(timing, opened=(link, buffers),
+        write_result(timing["result"], time_case(timing, opened=(link, buffers), after_run_stage=True,
                                                  on_timed=lambda: _say(ready_fd, b"timed\n")))
     else:
         link.close()

@@ -27,6 +27,13 @@ def run_cases(spec: dict) -> dict:
     return dict(cases=records, output=link.output(), phases_s=phases)
 
 
+def buffer_numel(spec: dict) -> int:
+    """Elements of each buffer shared with the subject: enough for every case it is called on
+    (the spec's "cases", the run stage's, and "case", the timed one)."""
+    cases = [*spec.get("cases", ()), *([spec["case"]] if "case" in spec else [])]
+    return max(Case.from_dict(c).numel for c in cases)
+
+
 def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict], dict]:
     """The subject started on buffers for the largest case and every case run once: its link
     (still open), the buffers, a record per case and where the time went (RUN_PHASES)."""
@@ -34,7 +41,7 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
     cases = [Case.from_dict(c) for c in spec["cases"]]
     ends = [("harness", time.monotonic())]
     deadline = time.monotonic() + spec["deadline_s"]
-    buffers = allocate(device, max(c.numel for c in cases))
+    buffers = allocate(device, buffer_numel(spec))
     synchronize(device)
     ends.append(("buffers", time.monotonic()))
     if spec.get("prepare"):
@@ -43,22 +50,72 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
     else:
         link, failed = start(spec, buffers, deadline)
         ends.append(("subject", time.monotonic()))
+    if failed is not None:   # it did not load: the first case says why
+        records = {case.id: failed if i == 0 else dict(
+            status="runtime_error", message="not run: the submission did not load")
+            for i, case in enumerate(cases)}
+    else:
+        try:
+            records, _ = run_each(link, cases, buffers, device, deadline, spec, out_dir)
+        except BaseException:
+            link.close()
+            raise
+    ends.append(("cases", time.monotonic()))
+    return link, buffers, records, phases(spec.get("spawned"), ends)
+
+
+def run_each(link: Link, cases: list[Case], buffers: dict[str, SharedBuffer], device: str,
+             deadline: float, spec: dict, out_dir: Path | None
+             ) -> tuple[dict[str, dict], dict | None]:
+    """Each case called once under the profiler, in order (run_one), each output saved in
+    `out_dir` (None: not kept): a record per case, and the record of the case that ended the
+    process or its CUDA context (None if none did), after which no case runs."""
     records: dict[str, dict] = {}
-    rest = None   # the record of every case after one that ended the process
+    rest = ended = None   # the record of every case after one that ended the process
+    for case in cases:
+        if rest is not None:
+            records[case.id] = rest
+            continue
+        records[case.id], rest = run_one(link, case, buffers, out_dir, device, deadline, spec)
+        if rest is not None:
+            ended = records[case.id]
+    return records, ended
+
+
+def run_stage_calls(spec: dict, deadline: float,
+                    opened: tuple[Link, dict[str, SharedBuffer]] | None = None
+                    ) -> tuple[tuple[Link, dict[str, SharedBuffer]] | None, dict | None]:
+    """One path for every timed loop: a subject is timed only after the calls a run stage makes
+    (spec "cases", each once under the profiler, in order), as a submission's time stage runs on
+    its run stage's subject (harness.run_then_time). The baselines', the calibration's and a
+    time stage's own subject (GPU lanes, or a new one) make them here first, their outputs not
+    kept, so that whatever those calls leave in a subject (the profiler started and stopped once
+    per case, the caching allocator's blocks) is in every timed row and in the cost subtracted
+    from it alike: timed on fresh subjects, the calibration charged a submission's calls about
+    0.1-0.2 ms less than they cost (notes/throughput.md, sessions 26-28). On `opened`, or on a
+    subject started here. A case's error is a call made, as in a run stage; a subject that died
+    or lost its CUDA context is not timed: (None, its failure record)."""
+    device = spec["device"]
+    if opened is None:
+        buffers = allocate(device, buffer_numel(spec))
+        link, failed = start(spec, buffers, deadline)
+        if failed is not None:
+            link.close()
+            return None, dict(failed=failed, output=link.output())
+    else:
+        link, buffers = opened
     try:
-        for case in cases:
-            if rest is not None:
-                records[case.id] = rest
-            elif failed is not None:   # it did not load: the first case says why
-                records[case.id] = failed
-                rest = dict(status="runtime_error", message="not run: the submission did not load")
-            else:
-                records[case.id], rest = run_one(link, case, buffers, out_dir, device, deadline, spec)
+        _, ended = run_each(link, [Case.from_dict(c) for c in spec["cases"]], buffers, device,
+                            deadline, spec, out_dir=None)
     except BaseException:
         link.close()
         raise
-    ends.append(("cases", time.monotonic()))
-    return link, buffers, records, phases(spec.get("spawned"), ends)
+    if ended is not None:
+        link.close()
+        return None, dict(failed=dict(status=ended["status"], message=(
+            "before its timed calls, the run stage's calls made again: " + ended["message"])),
+            output=link.output())
+    return (link, buffers), None
 
 
 def phases(start: float | None, ends: list[tuple[str, float]],
@@ -76,7 +133,7 @@ def phases(start: float | None, ends: list[tuple[str, float]],
     return out
 
 
-def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadline: float,
+def run_one(link: Link, case: Case, buffers, out_dir: Path | None, device: str, deadline: float,
             spec: dict) -> tuple[dict, dict | None]:
     """(record of this case, record for the cases after it if none of them can run)."""
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
@@ -108,7 +165,7 @@ def run_one(link: Link, case: Case, buffers, out_dir: Path, device: str, deadlin
     problem = output_problem(record.pop("returned"), case)
     if problem:
         record["problem"] = problem
-    else:
+    elif out_dir is not None:
         # A copy of its own (a CUDA tensor's copy to the host already is one; a CPU view of the
         # shared buffer would save the whole buffer).
         saved = o.detach().cpu() if o.is_cuda else o.detach().clone()

@@ -1,6 +1,7 @@
-"""The time stage: the timed loop on the largest case (time_case), on a fresh subject, on the
-run stage's, or on one prepared before its turn (time_prepared); its stopping rules, the checks
-between calls, NVML's view of the GPU, and the statistics and record it ends with."""
+"""The time stage: the timed loop on the largest case (time_case), on the run stage's subject, a
+fresh one or one prepared before its turn (time_prepared), each after a run stage's calls; its
+stopping rules, the checks between calls, NVML's view of the GPU, and the statistics and record
+it ends with."""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ from grader.trusted.call_checks import new_verify, verify_call, _keep_sample, ch
 from grader.trusted.timed_calls import (Call, _perf_counter, _urandom, round_trip_ms, open_call,
                                         warm_up, _reported_figures, _median_of, corrected,
                                         coarse_enough, slow_enough)
-from grader.trusted.run_stage import phases
+from grader.trusted.run_stage import buffer_numel, phases, run_stage_calls
 
 
 def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = None,
-              begun: float | None = None, on_timed: Callable[[], None] | None = None) -> dict:
+              begun: float | None = None, on_timed: Callable[[], None] | None = None,
+              after_run_stage: bool = False) -> dict:
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
-    processes showed; on `opened`'s subject (open_call) if given. `begun`: when the stage began,
+    processes showed; on `opened`'s subject if given, else on one started here. Unless it comes
+    `after_run_stage` (harness.run_then_time), the subject first makes a run stage's calls
+    (run_stage.run_stage_calls: one path for every timed row). `begun`: when the stage began,
     if before this call (time_prepared's turn: its "open" part is the submission's load).
     `on_timed`: called once the timed calls are over and the subject is gone, before the
     statistics and the spot checks (trusted work only, which may run beside another
@@ -36,9 +40,11 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
     case = Case.from_dict(spec["case"])
     begun = time.monotonic() if begun is None else begun
     deadline = begun + spec["deadline_s"]
-    link, call, failed = open_call(spec, deadline, opened)
-    if failed is not None:
-        return failed
+    if not after_run_stage:
+        opened, failed = run_stage_calls(spec, deadline, opened)
+        if failed is not None:
+            return failed
+    link, call = open_call(spec, deadline, opened)
     ends = [("open", time.monotonic())]   # where the stage's time goes: results.TIME_PHASES
     pick = random.Random(_urandom(16))   # which calls and heads are checked: decided here
     result: dict = dict(verify=new_verify())
@@ -170,11 +176,10 @@ def time_prepared(spec: dict) -> dict:
     """A time stage on a subject prepared before its turn (spec "prepare"; harnesses.TimeSubject,
     when run stages share the GPU, config.GPU_LANES): the subject starts with CUDA and its
     profiler and no submission code, "prepared" is said, and on "run" the submission is loaded
-    (its JIT cache filled by its run stage, on another subject since killed) and timed as on any
-    fresh subject (time_case). A subject that does not get to its turn: this process ends with
+    (its JIT cache filled by its run stage, on another subject since killed), makes a run stage's
+    calls and is timed (time_case). A subject that does not get to its turn: this process ends with
     no record (_give_up), and the pipeline times the submission on a new harness."""
-    case = Case.from_dict(spec["case"])
-    buffers = allocate(spec["device"], case.numel)
+    buffers = allocate(spec["device"], buffer_numel(spec))
     ends: list = []
     link, failed, _ = start_prepared(spec, buffers, ends)
     turn = ends[-1][1]   # "waiting" ended: the turn began, on the GPU stages' CPUs

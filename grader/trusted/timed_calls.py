@@ -15,9 +15,8 @@ from grader.course.results import LOOP_PARTS
 from grader.course.verdicts import ProtocolCost
 from grader.problem import Case, make_random_inputs
 from grader.protocol.buffers import SharedBuffer
-from grader.trusted.link import Link, allocate, synchronize
+from grader.trusted.link import Link, synchronize
 from grader.trusted.replies import SubjectGone, _error_text, malformed
-from grader.trusted.subject_start import start
 from grader.trusted.timing import relative_standard_error
 
 
@@ -62,25 +61,16 @@ def round_trip_ms(link: Link, deadline: float, reps: int = 20) -> float:
     return statistics.median(rtts)
 
 
-def open_call(spec: dict, deadline: float,
-              opened: tuple[Link, dict[str, SharedBuffer]] | None = None
-              ) -> tuple["Link", "Call | None", dict | None]:
-    """The case's shared buffers, the subject started on them and the Call that drives it; or,
-    when the subject did not come up, (link, None, the failure record). `opened`: a subject
-    already running on buffers large enough (run_then_time's), used instead of a new one."""
+def open_call(spec: dict, deadline: float, opened: tuple[Link, dict[str, SharedBuffer]]
+              ) -> tuple[Link, "Call"]:
+    """The Call that drives `opened`'s subject on the spec's case: a subject running on buffers
+    large enough, that made a run stage's calls first (run_stage.run_stage_calls)."""
     device, case = spec["device"], Case.from_dict(spec["case"])
-    if opened is None:
-        buffers = allocate(device, case.numel)
-        link, failed = start(spec, buffers, deadline)
-        if failed is not None:
-            link.close()
-            return link, None, dict(failed=failed, output=link.output())
-    else:
-        link, buffers = opened
+    link, buffers = opened
     link.spin = device == "cuda"   # from here every reply is a timed or calibrated call's
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
     flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
-    return link, Call(link, q, k, v, o, flush, case.shape, device, deadline, case.qk_std), None
+    return link, Call(link, q, k, v, o, flush, case.shape, device, deadline, case.qk_std)
 
 
 def warm_up(link: Link, call: "Call", deadline: float,
