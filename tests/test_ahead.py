@@ -20,6 +20,7 @@ from grader.common.status import Status
 from grader.course.submission import Kind, Submission
 from grader.course.verdicts import BuildResult
 from grader.isolation.device import DeviceInfo
+from tests.devices import CPU
 from grader.isolation.procs import child_env
 from grader.problem import Case
 from grader.stages.folders import jit_cache
@@ -29,9 +30,6 @@ from .conftest import EXAMPLES, cuda_available
 GPU = DeviceInfo(cuda=True, name="H100 (its description only)", capability=(9, 0), arch="90a",
                  l2_bytes=0, memory_bytes=0, sm_count=0, driver="none", torch_version="x",
                  cuda_version=None, nvcc=None, python="3")
-CPU = DeviceInfo(cuda=False, name="cpu", capability=None, arch="90a", l2_bytes=0, memory_bytes=0,
-                 sm_count=0, driver="none", torch_version="x", cuda_version=None, nvcc=None,
-                 python="3")
 PASSED = BuildResult(Status.PASS, "import", 1.0)
 # Two specialisations of the kit's example: head_dim 64 with a ragged length, head_dim 128.
 CASES = [Case(1, 2, 77, 64, seed=11), Case(1, 1, 1, 128, seed=7)]

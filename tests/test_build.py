@@ -18,7 +18,7 @@ from grader.build.stage import build_submission
 from grader.build.log import relevant_log
 from grader.build.messages import StudentCheck
 from grader.course.verdicts import BuildResult
-from grader.isolation.device import DeviceInfo
+from tests.devices import CPU
 from grader.isolation import sandbox as sandbox_mod
 from grader.isolation.sandbox import Sandbox
 from grader.common.status import Status
@@ -26,9 +26,6 @@ from grader.course.submission import inspect_folder
 
 from .conftest import EXAMPLES, has_nvcc
 
-CPU = DeviceInfo(cuda=False, name="cpu", capability=None, arch="90a", l2_bytes=0, memory_bytes=0,
-                 sm_count=0, driver="none", torch_version="x", cuda_version=None, nvcc=None,
-                 python="3")
 
 
 def test_compiler_output_is_mapped_back_to_the_students_lines():

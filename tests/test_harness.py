@@ -31,6 +31,7 @@ from grader.stages.folders import SUBJECT
 from grader.isolation.procs import child_env
 from grader.course.results import LOOP_PARTS, TIME_PHASES
 from grader.common.text import clean
+from tests.devices import GPU
 
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
 
@@ -541,12 +542,9 @@ def test_time_the_subject_takes_between_timed_calls_is_inside_the_next_call_s_cl
 def test_a_call_far_slower_than_the_fast_ones_is_timed_coarsely():
     # Precision where it decides ranks: above coarse_ms (8% of the GPU's matmul peak), ten calls
     # within 2% place it; a fast call still needs the 0.5% of TIMING_MIN_REPS calls.
-    from grader.isolation.device import DeviceInfo
     from grader.stages.time import coarse_ms
     largest = Case(4, 64, 8192, 128, seed=1)
-    gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
-                     memory_bytes=0, sm_count=0, driver="x", torch_version="x", cuda_version="x",
-                     nvcc=None, python="3", matmul_tflops=740.0)
+    gpu = dataclasses.replace(GPU, matmul_tflops=740.0)
     limit = coarse_ms(largest, gpu)
     assert 140 < limit < 160   # 10x cuDNN's ~14.5 ms on this case
     assert coarse_ms(largest, dataclasses.replace(gpu, matmul_tflops=0.0)) is None
@@ -765,12 +763,9 @@ def test_the_baselines_and_the_calibration_are_given_the_run_stage_s_cases(monke
     """The pipeline's side of one path: a baseline's time stage, a time stage's own subject (GPU
     lanes, time_subject) and the calibration are each given every case a run stage calls on a
     GPU, in order, to call before their timed ones (the harness's side is the test above)."""
-    from grader.isolation.device import DeviceInfo
     from grader.report.progress import Progress
     from grader.stages import baseline, context, time as time_mod
-    gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
-                     memory_bytes=0, sm_count=0, driver="x", torch_version="x", cuda_version="x",
-                     nvcc=None, python="3")
+    gpu = GPU
     ctx = context.GradeContext(cases=tuple(CASES), device=gpu, limits=config.Limits(), out_dir=tmp_path,
                                build_dir=tmp_path / "build", progress=Progress(1, live=False))
     asked = []
@@ -805,10 +800,24 @@ def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):
     assert stages.harness.proc.returncode == 0
 
 
+def assert_saved_right(spec: dict) -> None:
+    """Every case's output written for the checker (<out_dir>/<case>.pt), and it is that case's
+    attention (PID_PRINTER's SDPA)."""
+    from grader.problem import make_inputs
+    saved = {p.stem: torch.load(p, weights_only=True) for p in Path(spec["out_dir"]).glob("*.pt")}
+    cases = [Case.from_dict(c) for c in spec["cases"]]
+    assert sorted(saved) == sorted(c.id for c in cases)
+    for case in cases:
+        q, k, v = make_inputs(case, "cpu")
+        want = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+        assert saved[case.id].shape == case.shape and torch.equal(saved[case.id], want), case.id
+
+
 def test_the_harness_says_timed_once_its_subject_is_gone_and_finishes_its_checks_after(tmp_path):
     """Issue 32: "timed" comes once the timed calls are over and the subject has exited; only
     the harness's trusted work (statistics, spot checks) is left, which may run beside the next
-    submission's run stage. The record then has all of it."""
+    submission's run stage and its check. The check's outputs were written by the run stage,
+    before "ran". The record then has all of it."""
     from grader.isolation.tree import process_tree
     from grader.stages.harnesses import Stages
     spec, spec_path = stages_spec(tmp_path, PID_PRINTER)
@@ -816,6 +825,7 @@ def test_the_harness_says_timed_once_its_subject_is_gone_and_finishes_its_checks
     try:
         ran, run_log = stages.ran(120)
         assert ran is not None, run_log
+        assert_saved_right(spec)   # what the check reads, written before "ran"
         subject = {line.split()[-1] for line in run_log.splitlines() if line.startswith("subject pid")}
         assert stages.time_calls()   # said "timed"
         left = {str(p) for p in process_tree(stages.harness.proc.pid)} - {str(stages.harness.proc.pid)}
@@ -836,6 +846,7 @@ def test_a_run_that_is_not_timed_lets_its_subject_go(tmp_path):
     assert ran is not None
     stages.close()
     assert stages.harness.proc.returncode == 0 and not (tmp_path / "time.json").exists()
+    assert_saved_right(spec)   # its outputs written for the check all the same
     # a harness that never says "ran" in time is killed, and the run is the harness's failure
     spec, spec_path = stages_spec(tmp_path / "slow", "import time\ntime.sleep(600)\n")
     stages = Stages(spec, spec_path, env=child_env(cuda=False), cpus=None)

@@ -17,12 +17,10 @@ from grader.common import config
 from grader.common.status import Status
 from grader.course.submission import inspect_folder
 from grader.isolation.device import DeviceInfo
+from tests.devices import CPU
 from grader.isolation.procs import child_env, run_limited
 from grader.isolation.sandbox import Sandbox, default_layout
 
-CPU = DeviceInfo(cuda=False, name="cpu", capability=None, arch="90a", l2_bytes=0, memory_bytes=0,
-                 sm_count=0, driver="none", torch_version="x", cuda_version=None, nvcc=None,
-                 python="3")
 
 # What the import check of this submission prints: its process's nice and its session's group.
 TELL = """

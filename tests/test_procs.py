@@ -14,6 +14,7 @@ from grader.common import config
 
 from grader.isolation import cpus as cpus_mod, procs, tree as tree_mod
 from grader.isolation.procs import run_limited
+from tests.devices import GPU
 
 
 def test_ok_and_exit_code():
@@ -185,7 +186,6 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
     from grader.stages import harnesses
     from grader.stages import health
     from grader.stages import time as time_stage
-    from grader.isolation.device import DeviceInfo
     from grader.report.progress import Progress
     from grader.course.submission import inspect_folder
     split = cpus_mod.CpuSplit(gpu=(7,), build=(0, 1, 2))
@@ -210,9 +210,7 @@ def test_builds_and_gpu_stages_are_started_on_their_own_cpus(monkeypatch, make_s
     for module in (build, correctness, context):
         monkeypatch.setattr(module, "split_cpus", lambda reserve, available=None: split)
     monkeypatch.setattr(correctness.WarmChecker, "run", fake_check)
-    gpu = DeviceInfo(cuda=True, name="gpu", capability=(9, 0), arch="90a", l2_bytes=0,
-                     memory_bytes=0, sm_count=0, driver="x", torch_version="x", cuda_version="x",
-                     nvcc=None, python="3")
+    gpu = GPU
     notes = []
     progress = Progress(1, live=False)
     monkeypatch.setattr(progress, "note", notes.append)

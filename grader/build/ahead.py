@@ -91,7 +91,8 @@ def compile_ahead(sub: Submission, build: BuildResult, *, build_dir: Path, devic
     env["CUDA_VISIBLE_DEVICES"] = ""   # and the sandbox has no GPU node: see the invariant
     env.pop("TRITON_INTERPRET", None)  # compiled for the GPU, not interpreted
     env["TRITON_CACHE_DIR"] = str(folder / "triton")
-    nice = build_priority(limits.build_nice, gpu=True, reserve=limits.gpu_stage_cpus)
+    split = split_cpus(limits.gpu_stage_cpus)
+    nice = build_priority(limits.build_nice, gpu=True, split=split)
     if sandbox is not None:
         cmd = sandbox.without_gpus().wrap(cmd, writable=[build_dir], readonly=[sub.path], nice=nice)
     started = time.monotonic()
@@ -100,7 +101,7 @@ def compile_ahead(sub: Submission, build: BuildResult, *, build_dir: Path, devic
                            cwd=sub.path, head_bytes=limits.output_head_bytes,
                            tail_bytes=limits.output_tail_bytes,
                            file_bytes=int(limits.file_gb * (1 << 30)),
-                           cpus=split_cpus(limits.gpu_stage_cpus).build, nice=nice,
+                           cpus=split.build, nice=nice,
                            **QUOTA.hooks(build_dir, spare_root=False))
         over = QUOTA.over(build_dir)
     elapsed = time.monotonic() - started

@@ -262,7 +262,8 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
     env = child_env(cuda=device.cuda)
     env["CUDA_VISIBLE_DEVICES"] = ""
     sandbox = sandbox.without_gpus() if sandbox is not None else None
-    nice = build_priority(limits.build_nice, gpu=device.cuda, reserve=limits.gpu_stage_cpus)
+    split = split_cpus(limits.gpu_stage_cpus)
+    nice = build_priority(limits.build_nice, gpu=device.cuda, split=split)
     if sandbox is not None:   # the build sees neither the solution nor anyone else's code
         cmd = sandbox.wrap(cmd, writable=[build_dir], readonly=[sub.path], nice=nice)
     memory = int(limits.build_memory_gb * (1 << 30)) if sub.kind is Kind.CUDA else None
@@ -274,7 +275,7 @@ def _build_once(sub: Submission, *, build_dir: Path, device: DeviceInfo, limits:
                            head_bytes=limits.output_head_bytes, tail_bytes=limits.output_tail_bytes,
                            memory_bytes=memory,
                            file_bytes=int(limits.file_gb * (1 << 30)),
-                           cpus=split_cpus(limits.gpu_stage_cpus).build,   # off the timed calls' CPUs
+                           cpus=split.build,   # off the timed calls' CPUs
                            nice=nice, **hooks)
         over = QUOTA.over(build_dir)
     if sub.kind is Kind.PYTHON:   # an import check leaves nothing a later stage reads: what its

@@ -31,14 +31,14 @@ class CpuSplit:
         return f"GPU stages share CPUs {_cpu_list(self.gpu)} with the builds (none reserved)"
 
 
-def build_priority(nice: int, *, gpu: bool, reserve: int) -> int:
+def build_priority(nice: int, *, gpu: bool, split: CpuSplit) -> int:
     """A build's CPU priority (Limits.build_nice; grader/isolation/priority.py): `nice` on a GPU
-    machine whose GPU stages keep CPUs of their own (split_cpus(reserve).reserved), where the
+    machine whose GPU stages keep CPUs of their own (`split`.reserved, split_cpus's), where the
     builds' CPUs are shared with the runs begun early that a turn waits for; else 0. Without a GPU
     nothing is timed; on a machine too small to reserve CPUs the GPU stages' own work, and
     anything else it runs, would leave the builds only what they do not use (CI's 2-core machine
     under load: half as many runs begun early)."""
-    return nice if gpu and nice > 0 and split_cpus(reserve).reserved else 0
+    return nice if gpu and nice > 0 and split.reserved else 0
 
 
 def move_to_cpus(pids: Iterable[int], cpus: Iterable[int]) -> int:

@@ -1,7 +1,8 @@
 """The run stage: every case called once under the profiler, on inputs this process wrote, its
 output O read here and saved for the checker; each reply checked into the case's record
 (call_record, output_problem), a death pinned to its case, and where the stage's time went
-(phases)."""
+(phases). And a run stage's calls made again before any timed loop on a subject that has not
+made them (run_stage_calls: one path for every timed row)."""
 
 from __future__ import annotations
 
