@@ -90,12 +90,12 @@ def run_stage_calls(spec: dict, deadline: float,
     (spec "cases", each once under the profiler, in order), as a submission's time stage runs on
     its run stage's subject (harness.run_then_time). The baselines', the calibration's and a
     time stage's own subject (GPU lanes, or a new one) make them here first, their outputs not
-    kept, so that whatever those calls leave in a subject (the profiler started and stopped once
-    per case, the caching allocator's blocks) is in every timed row and in the cost subtracted
-    from it alike: timed on fresh subjects, the calibration charged a submission's calls about
-    0.1-0.2 ms less than they cost (notes/throughput.md, sessions 26-28). On `opened`, or on a
-    subject started here. A case's error is a call made, as in a run stage; a subject that died
-    or lost its CUDA context is not timed: (None, its failure record)."""
+    kept, so that every timed row, and the cost subtracted from it, comes after the same calls.
+    Timed on fresh subjects, the baselines and the calibration cost 0.09-0.18 ms a call less
+    beyond their own events than the submissions in sessions 26-27, so the one cost subtracted
+    fell between them; on this path, 0.01-0.06 ms (notes/throughput.md, session 28). On
+    `opened`, or on a subject started here. A case's error is a call made, as in a run stage; a
+    subject that died or lost its CUDA context is not timed: (None, its failure record)."""
     device = spec["device"]
     if opened is None:
         buffers = allocate(device, buffer_numel(spec))
