@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT))
 from grader.common import config
 
 from grader.trusted import call_checks, run_stage, timed_calls  # noqa: E402
+from grader.trusted.link import allocate  # noqa: E402
+from grader.trusted.subject_start import start  # noqa: E402
 from grader.problem import Case, load_all_cases  # noqa: E402
 from grader.isolation.procs import child_env  # noqa: E402
 from grader.isolation.cpus import split_cpus  # noqa: E402
@@ -64,10 +66,18 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
                                          if "artifact" in target else []),
                 cwd=str(ROOT), head_bytes=1 << 16, tail_bytes=1 << 16, file_bytes=1 << 30,
                 deadline_s=600, case=LARGEST.to_dict(), l2_bytes=l2_bytes, env=child_env(cuda=True))
-    deadline = time.monotonic() + 600
-    opened, failed = run_stage.run_stage_calls(spec, deadline)
+    if run_first:
+        opened, failed = run_stage.run_stage_calls(spec)
+        failed = failed and failed["failed"]
+    else:   # a subject that made no call
+        buffers = allocate("cuda", LARGEST.numel)
+        link, failed = start(spec, buffers, time.monotonic() + 600)
+        opened = (link, buffers)
+        if failed is not None:
+            link.close()
     if failed is not None:
-        return dict(failed=failed["failed"])
+        return dict(failed=failed)
+    deadline = time.monotonic() + 600
     link, call = timed_calls.open_call(spec, deadline, opened)
     clocks, verify, case, pick = [], call_checks.new_verify(), LARGEST, random.Random(0)
     try:

@@ -20,7 +20,7 @@ from grader.common.status import Status
 from grader.course.submission import Kind, Submission
 from grader.course.verdicts import BuildResult
 from grader.isolation.device import DeviceInfo
-from tests.devices import CPU
+from .devices import CPU
 from grader.isolation.procs import child_env
 from grader.problem import Case
 from grader.stages.folders import jit_cache

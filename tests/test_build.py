@@ -18,7 +18,7 @@ from grader.build.stage import build_submission
 from grader.build.log import relevant_log
 from grader.build.messages import StudentCheck
 from grader.course.verdicts import BuildResult
-from tests.devices import CPU
+from .devices import CPU
 from grader.isolation import sandbox as sandbox_mod
 from grader.isolation.sandbox import Sandbox
 from grader.common.status import Status

@@ -31,7 +31,7 @@ from grader.stages.folders import SUBJECT
 from grader.isolation.procs import child_env
 from grader.course.results import LOOP_PARTS, TIME_PHASES
 from grader.common.text import clean
-from tests.devices import GPU
+from .devices import GPU
 
 CASES = [Case(1, 2, s, 64, seed=s) for s in (1, 7, 9)]
 
@@ -762,7 +762,8 @@ def test_every_timed_row_is_timed_after_the_calls_of_a_run_stage(tmp_path, monke
 def test_the_baselines_and_the_calibration_are_given_the_run_stage_s_cases(monkeypatch, tmp_path):
     """The pipeline's side of one path: a baseline's time stage, a time stage's own subject (GPU
     lanes, time_subject) and the calibration are each given every case a run stage calls on a
-    GPU, in order, to call before their timed ones (the harness's side is the test above)."""
+    GPU, in order, with the run stage's limits, to call before their timed ones (the harness's
+    side is the test above)."""
     from grader.report.progress import Progress
     from grader.stages import baseline, context, time as time_mod
     gpu = GPU
@@ -774,10 +775,72 @@ def test_the_baselines_and_the_calibration_are_given_the_run_stage_s_cases(monke
     monkeypatch.setattr(time_mod, "ensure_gpu_healthy", lambda ctx: None)
     baseline.grade_baseline("sdpa_flash", ctx)
     time_mod.calibrate_protocol(ctx)
-    run_stage_cases = [c.to_dict() for c in CASES]
-    assert [(mode, fields["cases"]) for mode, fields in asked] == [("time", run_stage_cases),
-                                                                  ("calibrate", run_stage_cases)]
-    assert time_mod.time_fields(CASES[-1], ctx, tmp_path)["cases"] == run_stage_cases
+    limits = config.Limits()
+    run_stage = dict(cases=[c.to_dict() for c in CASES],
+                     case_limits={c.id: limits.case_s(c.flops) for c in CASES}, run_deadline_s=limits.run_s)
+    asked.append(("time_fields", time_mod.time_fields(CASES[-1], ctx, tmp_path)))
+    assert [mode for mode, _ in asked] == ["time", "calibrate", "time_fields"]
+    for mode, fields in asked:
+        assert {k: fields[k] for k in run_stage} == run_stage, mode
+
+
+def test_a_subject_that_ends_or_hangs_in_the_repeated_calls_is_not_timed_and_says_no_more(tmp_path):
+    """A subject timed on its own (a lane's, a baseline's) that dies or hangs while making a run
+    stage's calls again is not timed. What it printed goes to the log, never to the message a
+    student reads (its calls included hidden cases: it could print their inputs); a hidden case
+    is not named, a public one is; each call has the run stage's limit for its case; no process
+    of the subject is left."""
+    hidden = Case(1, 2, 33, 64, seed=5, hidden=True)
+    leaky = """
+        import os, torch
+        def custom_kernel(data):
+            q, k, v = data
+            if q.shape[2] == 33:
+                print("LEAKED", q.flatten()[:4].tolist(), flush=True)
+                os._exit(3)
+            return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).half()
+    """
+    before = set(tree_mod.process_tree(os.getpid()))
+    spec = dict(time_spec(tmp_path, leaky, max_calls=3), cases=[CASES[0].to_dict(), hidden.to_dict()])
+    record = time_stage.time_case(spec)
+    message = record["failed"]["message"]
+    assert record["failed"]["status"] == "runtime_error", record
+    assert "a hidden case" in message and "33" not in message and "LEAKED" not in message, message
+    assert "LEAKED" in record["output"]   # the instructor's log has it
+    # a public case is named; a hang is a timeout at that case's own limit, not the stage's
+    public = Case(1, 2, 33, 64, seed=5)
+    hangs = leaky.replace('print("LEAKED", q.flatten()[:4].tolist(), flush=True)\n                os._exit(3)',
+                          "__import__('time').sleep(60)")
+    spec = dict(time_spec(tmp_path, hangs, max_calls=3, name="hangs"),
+                cases=[public.to_dict()], case_limits={public.id: 2.0})
+    started = time.monotonic()
+    record = time_stage.time_case(spec)
+    assert record["failed"]["status"] == "timeout" and f"case {public.id}" in record["failed"]["message"]
+    assert time.monotonic() - started < 30
+    assert set(tree_mod.process_tree(os.getpid())) <= before   # the subjects are gone
+
+
+def test_every_element_is_finite_exactly_when_the_fp32_sum_is():
+    """call_checks.all_finite, the timed loop's check that every element was written (O is
+    filled with NaN before each call): one reduction, the same answer as isfinite().all() for
+    every float16 output, whatever a kernel writes; other dtypes element by element."""
+    biggest = torch.full((4096,), 65504.0, dtype=torch.float16)
+    assert bool(call_checks.all_finite(biggest)) and bool(call_checks.all_finite(-biggest))
+    # +inf, -inf, and NaNs of other payloads and signs, as bit patterns
+    for bits in (0x7C00, 0xFC00 - 0x10000, 0x7E00, 0x7C01, 0xFE01 - 0x10000, 0x7FFF):
+        for where in (0, 2047, 4095):
+            t = biggest.clone()
+            t.view(torch.int16)[where] = bits
+            assert not bool(torch.isfinite(t).all())
+            assert not bool(call_checks.all_finite(t)), (hex(bits), where)
+    both = torch.tensor([float("inf"), float("-inf"), 1.0], dtype=torch.float16)   # sum NaN
+    assert not bool(call_checks.all_finite(both))
+    odd = torch.tensor([-0.0, 6e-8, -6e-8, 1e-7], dtype=torch.float16)   # zeros, subnormals
+    assert bool(call_checks.all_finite(odd)) and bool(call_checks.all_finite(odd[::2]))
+    assert bool(call_checks.all_finite(torch.empty(0, dtype=torch.float16)))
+    for dtype in (torch.bfloat16, torch.float32):   # two finite values can sum past fp32's range
+        big = torch.full((2,), 3e38, dtype=dtype)
+        assert bool(call_checks.all_finite(big)) == bool(torch.isfinite(big).all())
 
 
 def test_the_time_stage_runs_on_the_run_stage_s_subject(tmp_path):

@@ -17,7 +17,7 @@ from grader.common import config
 from grader.common.status import Status
 from grader.course.submission import inspect_folder
 from grader.isolation.device import DeviceInfo
-from tests.devices import CPU
+from .devices import CPU
 from grader.isolation.procs import child_env, run_limited
 from grader.isolation.sandbox import Sandbox, default_layout
 

@@ -14,7 +14,7 @@ from grader.common import config
 
 from grader.isolation import cpus as cpus_mod, procs, tree as tree_mod
 from grader.isolation.procs import run_limited
-from tests.devices import GPU
+from .devices import GPU
 
 
 def test_ok_and_exit_code():

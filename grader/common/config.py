@@ -72,7 +72,8 @@ class Limits:
     case_tflops: float = 0.1
     check_s: float = 300.0
     time_budget_s: float = 15.0   # spent inside the timing loop, after warm-up
-    time_s: float = 180.0         # the timing process as a whole (import, warm-up, loop)
+    time_s: float = 180.0         # the timing process (import, warm-up, loop), after a run stage's
+    # calls made again on a subject not the run stage's, which have the run stage's limits
     build_memory_gb: float = 16.0  # address space of a build (nvcc, cicc): a runaway compile stops here
     file_gb: float = 4.0           # largest file a submission's process may write (a preprocessor bomb)
     # What a folder given to a submission's code (its build folder, its JIT cache) may hold
@@ -185,7 +186,9 @@ LOOKAHEAD = 3
 # subject. On an H100 with 16 CPUs, 3 lanes graded 5.3 submissions/min against 5.6 with 1 (cold)
 # and 5.9 against 6.3 (builds reused): each submission then needs two subjects prepared, and
 # their CPU work and the run stages' on the GPU stages' three CPUs cost more than the overlap
-# saves (notes/throughput.md, session 16).
+# saves (notes/throughput.md, session 16). That time stage's subject first makes the run stage's
+# calls again, with the GPU held alone (run_stage.run_stage_calls: one path for every timed row),
+# Triton's autotuning of each shape included.
 GPU_LANES = 1
 # Builds yield to a GPU that has work (gate.BuildThrottle): while at least BUILDS_YIELD_AHEAD
 # built submissions wait for the GPU stages, at most Limits.build_yield_share of the build jobs
@@ -216,7 +219,8 @@ TIMING_WARMUP_CALLS = 2
 # call and is placed on TIMING_SLOW_CALLS calls; and the loop stops ('bound') when one more call
 # and the spot checks (TIMING_SPOT_RESERVE_S) might not end within the stage's limit
 # (Limits.time_s), ranking what was timed. A submission's GPU stages then hold its GPU at most
-# Limits.run_s + Limits.time_s + its check (docs/instructor-guide.md, "A bounded cost").
+# Limits.run_s + Limits.time_s + its check, and Limits.run_s more with lanes (the time stage's
+# own subject makes the run stage's calls again first; docs/instructor-guide.md, "A bounded cost").
 TIMING_SLOW_FACTOR = 10.0
 TIMING_SLOW_CALLS = 3
 TIMING_SPOT_RESERVE_S = 15.0

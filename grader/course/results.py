@@ -65,8 +65,8 @@ class GpuRef:
 # the rest overlapped the submission before it.
 RUN_PHASES = ("harness", "buffers", "subject", "prepare", "waiting", "load", "cases")
 # Where a time stage's seconds go, as its harness measured them (time_stage.time_case),
-# "time.<part>" in stage_s: "open" (the case's buffers and the L2 flush buffer; a subject's start
-# when it is not the run stage's), "rtt" (round trips with no GPU work), "warmup" (the warm-up
+# "time.<part>" in stage_s: "open" (the case's buffers and the L2 flush buffer; when the subject
+# is not the run stage's, its start and a run stage's calls made again: run_stage.run_stage_calls), "rtt" (round trips with no GPU work), "warmup" (the warm-up
 # calls, the profiler turned on), "loop" (the timed calls, each one's output checked), "report"
 # (the profiler turned off, the kernels it saw, the subject's exit), "spots" (the kept calls
 # against the fp32 reference). What the stage holds beyond them is the pipes and the pipeline's

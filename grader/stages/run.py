@@ -20,7 +20,7 @@ from grader.stages.ahead import early
 from grader.stages.context import GpuUnhealthy, GradeContext
 from grader.stages.folders import forget_tuning, subject_folders, target_of
 from grader.stages.harnesses import NotStarted, Prepared, Stages, harness_spec, run_once
-from grader.stages.time import time_fields
+from grader.stages.time import run_stage_fields, time_fields
 
 
 def run_cases_under_load(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
@@ -140,7 +140,7 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
     else:
         spec, spec_path = harness_spec("run", target_of(sub, build), ctx, work,
                                        folder=subject_folders(sub, build), deadline_s=ctx.limits.run_s,
-                                       jit=jit, **_run_fields(cases, ctx))
+                                       jit=jit, **run_stage_fields(cases, ctx))
         record, output = run_once(spec, spec_path, env=ctx.env, cpus=ctx.cpus)
     if record is None:
         message = f"grader error: the harness failed; tell the instructor\n{output[-3000:]}"
@@ -149,18 +149,12 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
     return Ran(record["cases"], output, stages, record.get("phases_s") or {})
 
 
-def _run_fields(cases: list[Case], ctx: GradeContext) -> dict:
-    """What the harness's run stage needs beyond the spec's common fields."""
-    return dict(cases=[c.to_dict() for c in cases],
-                case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
-
-
 def stages_spec(sub: Submission, build: BuildResult, cases: list[Case], ctx: GradeContext,
                 work: Path, jit: Path | None, timed: Case, **fields) -> tuple[dict, Path]:
     """The spec of a run stage that stays for the time stage (harness.run_then_time)."""
     return harness_spec("run_then_time", target_of(sub, build), ctx, work, folder=subject_folders(sub, build),
                         deadline_s=ctx.limits.run_s, jit=jit, time=time_fields(timed, ctx, work),
-                        **_run_fields(cases, ctx), **fields)
+                        **run_stage_fields(cases, ctx), **fields)
 
 
 @dataclasses.dataclass(frozen=True)

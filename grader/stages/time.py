@@ -42,9 +42,10 @@ class TimedRun:
 
 def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
     """What the harness's time stage needs beyond the spec's common fields: the timed case, and
-    "cases", the calls a run stage makes, which a subject not timed on its run stage's makes
-    first (run_stage.run_stage_calls)."""
-    return dict(case=case.to_dict(), cases=run_stage_cases(ctx),
+    the calls a run stage makes, with its limits, which a subject not timed on its run stage's
+    makes first (run_stage.run_stage_calls)."""
+    return dict(case=case.to_dict(), **run_stage_fields(list(ctx.cases), ctx),
+                run_deadline_s=ctx.limits.run_s,
                 budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
                 coarse_ms=coarse_ms(case, ctx.device), slow_ms=slow_ms(case, ctx.device),
                 protocol=ctx.protocol.to_dict(),
@@ -118,10 +119,12 @@ def _timed(record: dict | None, output: str, case: Case, ctx: GradeContext,
     return TimedRun(TimingStats.from_dict(record["stats"]), record)
 
 
-def run_stage_cases(ctx: GradeContext) -> list[dict]:
-    """The cases a run stage calls on a GPU (run.select_cases: all of them), in order: what every
-    timed subject has been called on before its timed calls."""
-    return [c.to_dict() for c in ctx.cases]
+def run_stage_fields(cases: list[Case], ctx: GradeContext) -> dict:
+    """A run stage's calls, for its harness and for a subject timed without its run stage's
+    (run_stage.run_stage_calls: on a GPU every case, run.select_cases): the cases in order, and
+    each one's limit on a GPU (Limits.case_s)."""
+    return dict(cases=[c.to_dict() for c in cases],
+                case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
 
 
 def coarse_ms(case: Case, device: DeviceInfo) -> float | None:
@@ -180,7 +183,8 @@ def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
                                      folder=[], deadline_s=ctx.limits.time_s,
                                      case=largest(list(ctx.cases)).to_dict(),
-                                     cases=run_stage_cases(ctx),
+                                     **run_stage_fields(list(ctx.cases), ctx),
+                                     run_deadline_s=ctx.limits.run_s,
                                      l2_bytes=ctx.device.l2_bytes)
     if record is None or "protocol" not in record:
         ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")

@@ -83,8 +83,9 @@ def calibrate(spec: dict) -> dict:
 
 
 def _spawn_prepared_builtin(spec: dict, name: str) -> tuple[Link, dict[str, SharedBuffer]]:
-    """A subject for the builtin `name`, started on buffers of its own for the spec's case, that
-    prepares (CUDA, the profiler's first start), says "prepared" and then waits for "load"."""
+    """A subject for the builtin `name`, started on buffers of its own for every case it will be
+    called on (run_stage.buffer_numel), that prepares (CUDA, the profiler's first start), says
+    "prepared" and then waits for "load"."""
     buffers = allocate(spec["device"], buffer_numel(spec))
     return Link(dict(spec, target=dict(kind="builtin", name=name), prepare=True), buffers), buffers
 
@@ -105,9 +106,10 @@ def _calibration_calls(spec: dict, name: str,
     if failed is not None:
         prepared[0].close()
         return dict(failed=failed, output=prepared[0].output())
-    opened, failed = run_stage_calls(target_spec, deadline, prepared)
+    opened, failed = run_stage_calls(target_spec, prepared)
     if failed is not None:
         return failed
+    deadline = time.monotonic() + spec["deadline_s"]   # (the calls before had the run stage's)
     link, call = open_call(target_spec, deadline, opened)
     verify, pick = new_verify(), random.Random(_urandom(16))
     try:

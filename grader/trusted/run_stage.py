@@ -67,24 +67,23 @@ def _run_all(spec: dict) -> tuple[Link, dict[str, SharedBuffer], dict[str, dict]
 
 def run_each(link: Link, cases: list[Case], buffers: dict[str, SharedBuffer], device: str,
              deadline: float, spec: dict, out_dir: Path | None
-             ) -> tuple[dict[str, dict], dict | None]:
+             ) -> tuple[dict[str, dict], Case | None]:
     """Each case called once under the profiler, in order (run_one), each output saved in
-    `out_dir` (None: not kept): a record per case, and the record of the case that ended the
-    process or its CUDA context (None if none did), after which no case runs."""
+    `out_dir` (None: not kept): a record per case, and the case that ended the process or its
+    CUDA context (None if none did), after which no case runs."""
     records: dict[str, dict] = {}
-    rest = ended = None   # the record of every case after one that ended the process
+    rest, ended = None, None   # the record of every case after one that ended the process
     for case in cases:
         if rest is not None:
             records[case.id] = rest
             continue
         records[case.id], rest = run_one(link, case, buffers, out_dir, device, deadline, spec)
         if rest is not None:
-            ended = records[case.id]
+            ended = case
     return records, ended
 
 
-def run_stage_calls(spec: dict, deadline: float,
-                    opened: tuple[Link, dict[str, SharedBuffer]] | None = None
+def run_stage_calls(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = None
                     ) -> tuple[tuple[Link, dict[str, SharedBuffer]] | None, dict | None]:
     """One path for every timed loop: a subject is timed only after the calls a run stage makes
     (spec "cases", each once under the profiler, in order), as a submission's time stage runs on
@@ -94,9 +93,16 @@ def run_stage_calls(spec: dict, deadline: float,
     Timed on fresh subjects, the baselines and the calibration cost 0.09-0.18 ms a call less
     beyond their own events than the submissions in sessions 26-27, so the one cost subtracted
     fell between them; on this path, 0.01-0.06 ms (notes/throughput.md, session 28). On
-    `opened`, or on a subject started here. A case's error is a call made, as in a run stage; a
-    subject that died or lost its CUDA context is not timed: (None, its failure record)."""
-    device = spec["device"]
+    `opened`, or on a subject started here (its start and the calls within the run stage's
+    limits: spec "run_deadline_s" and "case_limits"; the timed loop's own limit starts after
+    them). A case's error is a call made, as in a run stage; a subject that died, hung or lost
+    its CUDA context is not timed: (None, its failure record, which says nothing the subject
+    printed, and names no hidden case: the instructor's log has the rest)."""
+    device, cases = spec["device"], [Case.from_dict(c) for c in spec.get("cases") or ()]
+    if not cases:
+        raise ValueError("a timed subject's spec names no run stage cases ('cases'): "
+                         "grader/stages/time.py time_fields gives them")
+    deadline = time.monotonic() + spec.get("run_deadline_s", spec["deadline_s"])
     if opened is None:
         buffers = allocate(device, buffer_numel(spec))
         link, failed = start(spec, buffers, deadline)
@@ -106,17 +112,21 @@ def run_stage_calls(spec: dict, deadline: float,
     else:
         link, buffers = opened
     try:
-        _, ended = run_each(link, [Case.from_dict(c) for c in spec["cases"]], buffers, device,
-                            deadline, spec, out_dir=None)
+        records, ended = run_each(link, cases, buffers, device, deadline, spec, out_dir=None)
     except BaseException:
         link.close()
         raise
-    if ended is not None:
-        link.close()
-        return None, dict(failed=dict(status=ended["status"], message=(
-            "before its timed calls, the run stage's calls made again: " + ended["message"])),
-            output=link.output())
-    return (link, buffers), None
+    if ended is None:
+        return (link, buffers), None
+    link.close()
+    status = records[ended.id]["status"]
+    where = "a hidden case" if ended.hidden else f"case {ended.id}"
+    what = "timed out" if status == "timeout" else "ended or lost its CUDA context"
+    return None, dict(failed=dict(status=status, message=(
+        f"before its timed calls, the run stage's calls were made again, and the submission "
+        f"{what} on {where}, which it had passed in the run stage: look for a kernel that fails "
+        f"now and then (a race between threads or blocks, memory read before it is written)")),
+        output=link.output())
 
 
 def phases(start: float | None, ends: list[tuple[str, float]],

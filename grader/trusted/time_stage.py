@@ -32,8 +32,10 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
     """Timing statistics of one case, measured here, with what each call's output and the GPU's
     processes showed; on `opened`'s subject if given, else on one started here. Unless it comes
     `after_run_stage` (harness.run_then_time), the subject first makes a run stage's calls
-    (run_stage.run_stage_calls: one path for every timed row). `begun`: when the stage began,
-    if before this call (time_prepared's turn: its "open" part is the submission's load).
+    (run_stage.run_stage_calls: one path for every timed row, within the run stage's limits;
+    the stage's own limit, spec "deadline_s", starts after them). `begun`: when the stage
+    began, if before this call (time_prepared's turn: its "open" part is the submission's load
+    and those calls).
     `on_timed`: called once the timed calls are over and the subject is gone, before the
     statistics and the spot checks (trusted work only, which may run beside another
     submission's run stage: harness.run_then_time says "timed")."""
@@ -41,9 +43,10 @@ def time_case(spec: dict, opened: tuple[Link, dict[str, SharedBuffer]] | None = 
     begun = time.monotonic() if begun is None else begun
     deadline = begun + spec["deadline_s"]
     if not after_run_stage:
-        opened, failed = run_stage_calls(spec, deadline, opened)
+        opened, failed = run_stage_calls(spec, opened)
         if failed is not None:
             return failed
+        deadline = time.monotonic() + spec["deadline_s"]
     link, call = open_call(spec, deadline, opened)
     ends = [("open", time.monotonic())]   # where the stage's time goes: results.TIME_PHASES
     pick = random.Random(_urandom(16))   # which calls and heads are checked: decided here
