@@ -44,8 +44,7 @@ def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
     """What the harness's time stage needs beyond the spec's common fields: the timed case, and
     the calls a run stage makes, with its limits, which a subject not timed on its run stage's
     makes first (run_stage.run_stage_calls)."""
-    return dict(case=case.to_dict(), **run_stage_fields(list(ctx.cases), ctx),
-                run_deadline_s=ctx.limits.run_s,
+    return dict(case=case.to_dict(), **run_stage_again(ctx),
                 budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
                 coarse_ms=coarse_ms(case, ctx.device), slow_ms=slow_ms(case, ctx.device),
                 protocol=ctx.protocol.to_dict(),
@@ -127,6 +126,13 @@ def run_stage_fields(cases: list[Case], ctx: GradeContext) -> dict:
                 case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
 
 
+def run_stage_again(ctx: GradeContext) -> dict:
+    """What a subject timed without its run stage's (a baseline's, the calibration's, a lane's
+    own) is told to call first, and its limits: a run stage's calls on a GPU, every case
+    (run.select_cases), with the run stage's limit (run_stage.run_stage_calls)."""
+    return dict(**run_stage_fields(list(ctx.cases), ctx), run_deadline_s=ctx.limits.run_s)
+
+
 def coarse_ms(case: Case, device: DeviceInfo) -> float | None:
     """The median above which a call is timed coarsely (config.TIMING_COARSE_FRACTION of the
     GPU's measured matmul peak); None where the peak is unknown."""
@@ -183,8 +189,7 @@ def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
                                      folder=[], deadline_s=ctx.limits.time_s,
                                      case=largest(list(ctx.cases)).to_dict(),
-                                     **run_stage_fields(list(ctx.cases), ctx),
-                                     run_deadline_s=ctx.limits.run_s,
+                                     **run_stage_again(ctx),
                                      l2_bytes=ctx.device.l2_bytes)
     if record is None or "protocol" not in record:
         ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")
