@@ -86,19 +86,22 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
                 link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
             call.run(seed=i)
         warm = len(call.sent)
+        compared = []   # whether each call's output was compared with SDPA (the work after it)
         for i in range(calls):
             clock, inputs = call.run(seed=100 + i)
             clocks.append((clock.wall_ms, clock.fence_ms()))
+            before = verify["compared"]
             call_checks.verify_call(verify, i, call.snapshot, inputs, case, pick)   # as the timed loop does
+            compared.append(verify["compared"] > before)
             del inputs
         link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
     finally:
         link.close()
     rows = []
-    for (wall, fence), r in zip(clocks, call.reported()[warm:]):
+    for i, ((wall, fence), r) in enumerate(zip(clocks, call.reported()[warm:])):
         if "t_line" not in r:
             continue
-        rows.append(dict(wall=wall, fence=fence,
+        rows.append(dict(wall=wall, fence=fence, after_compare=i > 0 and compared[i - 1],
                          events=r.get("subject_gpu_ms"), copy=r.get("subject_copy_ms"),
                          to_subject=(r["t_line"] - r["t_go"]) * 1e3,
                          taken_up=(r["t_received"] - r["t_line"]) * 1e3,
@@ -107,7 +110,7 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
     for row in rows:
         row["raw"] = max(row["wall"], row["fence"])
         row["beyond_events"] = row["raw"] - (row["events"] or 0.0)
-    return dict(rows=rows, wrong_outputs=verify["wrong"], **{f"median_{k}": statistics.median(r[k] for r in rows)
+    return dict(rows=rows, wrong_outputs=verify["wrong"], compared=verify["compared"], **{f"median_{k}": statistics.median(r[k] for r in rows)
                               for k in ("raw", "wall", "fence", "events", "copy", "to_subject",
                                         "taken_up", "replying", "to_harness", "beyond_events")},
                 **{f"std_{k}": statistics.stdev(r[k] for r in rows)
@@ -134,6 +137,9 @@ def main() -> int:
     p.add_argument("--run-first", choices=("yes", "no", "both"), default="yes",
                    help="whether each subject first makes a run stage's calls on the course's "
                         "cases (test_cases/), as every timed row does in grading")
+    p.add_argument("--compare-share", default=str(config.TIMING_COMPARE_SHARE),
+                   help="comma-separated shares of the timed calls compared with SDPA after the "
+                        "first three (config.TIMING_COMPARE_SHARE), each in its own processes")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "protocol_probe.json")
     a = p.parse_args()
     from grader.isolation.device import detect
@@ -162,13 +168,17 @@ def main() -> int:
     print(f"{'subject':16s} {'prof':4s} {'raw':>8s} {'wall':>8s} {'fence':>8s} {'events':>8s} "
           f"{'copy':>6s} {'->subj':>6s} {'taken':>6s} {'reply':>6s} {'->harn':>6s} {'beyond':>7s} "
           f"{'sd raw':>6s} {'sd ev':>6s} {'sd bey':>6s}  gpu")
-    runs = [(rep, name, target, profiled, first) for rep in range(a.repeat)
-            for name, target in targets for profiled in profilers for first in firsts]
-    for rep, name, target, profiled, first in runs:
+    shares = [float(x) for x in a.compare_share.split(",")]
+    runs = [(rep, name, target, profiled, first, share) for rep in range(a.repeat)
+            for name, target in targets for profiled in profilers for first in firsts
+            for share in shares]
+    for rep, name, target, profiled, first, share in runs:
         state = gpu_state()
+        config.TIMING_COMPARE_SHARE = share   # read by call_checks.compare_this_call at each call
         r = probe(target, profiled=profiled, calls=a.calls, sandbox=sandbox,
                   l2_bytes=device.l2_bytes, run_first=cases if first else [])
         key = (f"{name} profiler={'on' if profiled else 'off'} run_first={'yes' if first else 'no'}"
+               + (f" compare={share:g}" if len(shares) > 1 else "")
                + (f" #{rep + 1}" if a.repeat > 1 else ""))
         figures["probes"][key] = dict(r, gpu_before=state)
         if "failed" in r:
@@ -186,15 +196,22 @@ def main() -> int:
 
 
 def spread(probes: dict) -> None:
-    """Per subject and setting over its processes: the range of their median raw - events."""
-    groups: dict[str, list[float]] = {}
+    """Per subject and setting over its processes: the range of their median raw - events, and
+    of their medians (the harness's, raw, and the subject's events): how far apart two
+    processes of one kernel are ranked."""
+    groups: dict[str, list[dict]] = {}
     for key, r in probes.items():
         if "failed" not in r:
-            groups.setdefault(key.split(" #")[0], []).append(r["median_beyond_events"])
-    for name, values in groups.items():
-        if len(values) > 1:
-            print(f"{name:36s} raw - events over {len(values)} processes: "
-                  f"{min(values):.3f} to {max(values):.3f} ms (range {max(values) - min(values):.3f})")
+            groups.setdefault(key.split(" #")[0], []).append(r)
+    for name, rs in groups.items():
+        if len(rs) < 2:
+            continue
+        for field, label in (("median_beyond_events", "raw - events"), ("median_raw", "raw"),
+                             ("median_events", "events")):
+            values = [r[field] for r in rs]
+            print(f"{name:48s} {label:12s} over {len(values)} processes: {min(values):.3f} to "
+                  f"{max(values):.3f} ms (range {max(values) - min(values):.3f}, "
+                  f"{100 * (max(values) - min(values)) / statistics.median(values):.2f}%)")
 
 
 if __name__ == "__main__":

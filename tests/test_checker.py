@@ -16,6 +16,7 @@ from grader.common import config
 from grader.trusted import correctness
 from grader.problem import Case
 from grader.trusted.correctness import WarmChecker, check_outputs
+from grader.trusted.outputs import load_output, output_path, save_output
 from grader.problem import make_inputs
 from grader.isolation.procs import child_env
 from grader.problem import attention_reference
@@ -31,7 +32,7 @@ def _outputs(folder, *, wrong: str | None = None) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     for case in CASES:
         out = attention_reference(*make_inputs(case, "cpu")).half()
-        torch.save(torch.zeros_like(out) if case.id == wrong else out, folder / f"{case.id}.pt")
+        save_output(torch.zeros_like(out) if case.id == wrong else out, output_path(folder, case.id))
     return {c.id: dict(status="pass", message="", elapsed_s=0.01) for c in CASES}
 
 
@@ -122,7 +123,7 @@ def test_the_checker_draws_each_cases_spread(tmp_path, checker_pid):
     def check(folder, swapped: bool):
         folder.mkdir()
         for case, other in zip(SPREAD, SPREAD[::-1]):
-            torch.save(outs[other.id if swapped else case.id], folder / f"{case.id}.pt")
+            save_output(outs[other.id if swapped else case.id], output_path(folder, case.id))
         return check_outputs(SPREAD, runs, out_dir=folder, device="cpu", limits=config.Limits(),
                              env=child_env(cuda=False))
     right = check(tmp_path / "a", swapped=False)
@@ -141,3 +142,27 @@ def test_a_kept_reference_is_the_one_of_the_cases_spread(monkeypatch):
     assert not torch.equal(narrow[0], wide[0]) and wide[1] > narrow[1]
     expected = attention_reference(*make_inputs(SPREAD[1], "cpu"))
     assert torch.equal(test_outputs.reference(SPREAD[1], make_inputs(SPREAD[1], "cpu"), "cpu")[0], expected)
+
+
+def test_an_output_is_handed_to_the_checker_as_its_raw_elements(tmp_path):
+    """Issue 32: the run stage writes O's float16 elements raw (outputs.py), not a torch.save
+    archive (0.36 s of each run stage and 0.5 s of each check on the largest case, H100). What is
+    read is exactly what was written, a new write replaces an older, longer file whole, and a
+    file of the wrong size is an error that names it and the fix."""
+    o = torch.randn(2, 3, 5, 8).half()
+    path = output_path(tmp_path, "b2_h3_s5_d8")
+    assert path.name == "b2_h3_s5_d8.f16"
+    save_output(torch.randn(4, 3, 5, 8).half(), path)   # an older, longer output
+    save_output(o, path)
+    assert path.stat().st_size == 2 * o.numel()
+    assert torch.equal(load_output(path, o.shape, "cpu"), o)
+    o.zero_()   # the saved elements are a copy: the buffer O is the subject's too
+    assert load_output(path, o.shape, "cpu").abs().sum() > 0
+    with pytest.raises(ValueError, match=r"b2_h3_s5_d8\.f16: 480 bytes, expected 960.*grade the "
+                                         r"submission again"):
+        load_output(path, (2, 6, 5, 8), "cpu")
+    with pytest.raises(ValueError, match="float16"):
+        save_output(o.float(), path)
+    empty = output_path(tmp_path, "empty")
+    save_output(torch.empty(1, 1, 0, 8, dtype=torch.float16), empty)
+    assert load_output(empty, (1, 1, 0, 8), "cpu").shape == (1, 1, 0, 8)

@@ -19,10 +19,11 @@ from grader.trusted.replies import (SubjectGone, malformed, number, launched, re
 from grader.trusted.link import Link, synchronize, allocate
 from grader.trusted.subject_start import start, start_prepared, _gone_record
 from grader.trusted.timed_calls import _perf_counter
+from grader.trusted.outputs import output_path, save_output
 
 
 def run_cases(spec: dict) -> dict:
-    """Each case once, profiled; O saved to <out_dir>/<case>.pt for the checker."""
+    """Each case once, profiled; O saved to <out_dir>/<case>.f16 for the checker (outputs.py)."""
     link, buffers, records, phases = _run_all(spec)
     link.close()
     return dict(cases=records, output=link.output(), phases_s=phases)
@@ -177,10 +178,7 @@ def run_one(link: Link, case: Case, buffers, out_dir: Path | None, device: str, 
     if problem:
         record["problem"] = problem
     elif out_dir is not None:
-        # A copy of its own (a CUDA tensor's copy to the host already is one; a CPU view of the
-        # shared buffer would save the whole buffer).
-        saved = o.detach().cpu() if o.is_cuda else o.detach().clone()
-        torch.save(saved, out_dir / f"{case.id}.pt")
+        save_output(o, output_path(out_dir, case.id))
     return record, None
 
 

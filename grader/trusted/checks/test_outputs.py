@@ -23,6 +23,7 @@ from grader.common import config
 from grader.course.verdicts import Finding
 from grader.problem import Case, attention_plain_fp16, attention_reference, make_inputs
 from grader.trusted.compare import compare_outputs, plain_error_of
+from grader.trusted.outputs import load_output, output_path
 
 # Each case's fp32 reference and the plain fp16 implementation's error, kept for the next
 # submission (least recently used first out past config.CHECK_REFERENCE_BYTES). The inputs, and so
@@ -90,8 +91,7 @@ def test_case(case: Case, json_metadata: dict, check_spec: dict) -> None:
         json_metadata["status"] = "mismatch"
         pytest.fail(run["problem"], pytrace=False)
     q, k, v = make_inputs(case, device)
-    got = torch.load(Path(check_spec["out_dir"]) / f"{case.id}.pt", map_location=device,
-                     weights_only=True)
+    got = load_output(output_path(check_spec["out_dir"], case.id), case.shape, device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     finding = compare(got, (q, k, v), case, json_metadata, check_spec)
