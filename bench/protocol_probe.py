@@ -86,22 +86,19 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
                 link.receive(deadline, expect=link.send(dict(op="profile", on=True)))
             call.run(seed=i)
         warm = len(call.sent)
-        compared = []   # whether each call's output was compared with SDPA (the work after it)
         for i in range(calls):
             clock, inputs = call.run(seed=100 + i)
             clocks.append((clock.wall_ms, clock.fence_ms()))
-            before = verify["compared"]
             call_checks.verify_call(verify, i, call.snapshot, inputs, case, pick)   # as the timed loop does
-            compared.append(verify["compared"] > before)
             del inputs
         link.receive(deadline, expect=link.send(dict(op="profile", on=False)))
     finally:
         link.close()
     rows = []
-    for i, ((wall, fence), r) in enumerate(zip(clocks, call.reported()[warm:])):
+    for (wall, fence), r in zip(clocks, call.reported()[warm:]):
         if "t_line" not in r:
             continue
-        rows.append(dict(wall=wall, fence=fence, after_compare=i > 0 and compared[i - 1],
+        rows.append(dict(wall=wall, fence=fence,
                          events=r.get("subject_gpu_ms"), copy=r.get("subject_copy_ms"),
                          to_subject=(r["t_line"] - r["t_go"]) * 1e3,
                          taken_up=(r["t_received"] - r["t_line"]) * 1e3,
@@ -110,7 +107,7 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
     for row in rows:
         row["raw"] = max(row["wall"], row["fence"])
         row["beyond_events"] = row["raw"] - (row["events"] or 0.0)
-    return dict(rows=rows, wrong_outputs=verify["wrong"], compared=verify["compared"], **{f"median_{k}": statistics.median(r[k] for r in rows)
+    return dict(rows=rows, wrong_outputs=verify["wrong"], **{f"median_{k}": statistics.median(r[k] for r in rows)
                               for k in ("raw", "wall", "fence", "events", "copy", "to_subject",
                                         "taken_up", "replying", "to_harness", "beyond_events")},
                 **{f"std_{k}": statistics.stdev(r[k] for r in rows)
@@ -137,9 +134,6 @@ def main() -> int:
     p.add_argument("--run-first", choices=("yes", "no", "both"), default="yes",
                    help="whether each subject first makes a run stage's calls on the course's "
                         "cases (test_cases/), as every timed row does in grading")
-    p.add_argument("--compare-share", default=str(config.TIMING_COMPARE_SHARE),
-                   help="comma-separated shares of the timed calls compared with SDPA after the "
-                        "first three (config.TIMING_COMPARE_SHARE), each in its own processes")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "protocol_probe.json")
     a = p.parse_args()
     from grader.isolation.device import detect
@@ -168,17 +162,13 @@ def main() -> int:
     print(f"{'subject':16s} {'prof':4s} {'raw':>8s} {'wall':>8s} {'fence':>8s} {'events':>8s} "
           f"{'copy':>6s} {'->subj':>6s} {'taken':>6s} {'reply':>6s} {'->harn':>6s} {'beyond':>7s} "
           f"{'sd raw':>6s} {'sd ev':>6s} {'sd bey':>6s}  gpu")
-    shares = [float(x) for x in a.compare_share.split(",")]
-    runs = [(rep, name, target, profiled, first, share) for rep in range(a.repeat)
-            for name, target in targets for profiled in profilers for first in firsts
-            for share in shares]
-    for rep, name, target, profiled, first, share in runs:
+    runs = [(rep, name, target, profiled, first) for rep in range(a.repeat)
+            for name, target in targets for profiled in profilers for first in firsts]
+    for rep, name, target, profiled, first in runs:
         state = gpu_state()
-        config.TIMING_COMPARE_SHARE = share   # read by call_checks.compare_this_call at each call
         r = probe(target, profiled=profiled, calls=a.calls, sandbox=sandbox,
                   l2_bytes=device.l2_bytes, run_first=cases if first else [])
         key = (f"{name} profiler={'on' if profiled else 'off'} run_first={'yes' if first else 'no'}"
-               + (f" compare={share:g}" if len(shares) > 1 else "")
                + (f" #{rep + 1}" if a.repeat > 1 else ""))
         figures["probes"][key] = dict(r, gpu_before=state)
         if "failed" in r:

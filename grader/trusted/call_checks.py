@@ -1,7 +1,7 @@
 """The checks of each timed call's output, on this process's own copy of its inputs: every
-element written, and on a share of the calls slices picked after the reply compared with SDPA
-(verify_call, compare_this_call); and a few calls kept by reservoir sampling compared with the
-fp32 reference under the precision budget (check_samples)."""
+element written and slices picked after the reply compared with SDPA (verify_call), and a few
+calls kept by reservoir sampling compared with the fp32 reference under the precision budget
+(check_samples)."""
 
 from __future__ import annotations
 
@@ -16,35 +16,20 @@ from grader.trusted.compare import compare_outputs
 
 
 def new_verify() -> dict:
-    """verify_call's tally: calls checked (every one), those also compared with SDPA, wrong ones,
-    the first wrong one and what was wrong."""
-    return dict(checked=0, compared=0, wrong=0, first_wrong="", first_wrong_call=None)
-
-
-def compare_this_call(pick: random.Random, call: int) -> bool:
-    """Whether timed call `call` (0-based) is compared with SDPA: each of the first
-    TIMING_WRONG_STOP (so that outputs wrong from the start stop the loop there), then each with
-    chance TIMING_COMPARE_SHARE, drawn from `pick` (os.urandom's) after the call's reply: the
-    subject cannot know it while it could still change the call's output."""
-    return call < config.TIMING_WRONG_STOP or pick.random() < config.TIMING_COMPARE_SHARE
+    """verify_call's tally: calls checked, wrong ones, the first wrong one and what was wrong."""
+    return dict(checked=0, wrong=0, first_wrong="", first_wrong_call=None)
 
 
 def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case,
                 pick: random.Random, heads: int = config.TIMING_VERIFY_HEADS) -> None:
-    """This call's output, as read right after its reply, checked against this process's own
-    copy of the inputs. Every element was written: O was filled with NaN before the call, so an
-    element that is not finite was not written (or is wrong); every call is checked so. And on
-    the calls compare_this_call picks, `heads` of its (batch, head) slices, picked here from
-    `pick` after the reply, when nothing the subject does can change O any more, are compared
-    with SDPA: a subject cannot tell which calls or slices will be looked at, so a stale,
-    replayed, lazy or partly computed output is found in the first calls whatever part of it is
-    wrong (config.TIMING_COMPARE_SHARE says how soon). The tolerance is twice the cases':
-    precision is the full checks' job (check_samples, with the fp32 reference and the precision
-    budget)."""
-    verify["checked"] += 1
-    if not compare_this_call(pick, call) and bool(all_finite(got)):
-        return
-    verify["compared"] += 1   # (an output not all written is compared too, for its message)
+    """This call's output, as read right after its reply, checked two ways against this
+    process's own copy of the inputs. Every element was written: O was filled with NaN before the
+    call, so an element that is not finite was not written (or is wrong). And `heads` of its
+    (batch, head) slices, picked here from `pick` (os.urandom's) after the reply, when nothing the
+    subject does can change O any more, are compared with SDPA: a subject cannot tell which will
+    be looked at, so a stale, replayed, lazy or partly computed output is found in the first
+    calls whatever part of it is wrong. The tolerance is twice the cases': precision is the full
+    checks' job (check_samples, with the fp32 reference and the precision budget)."""
     sample = pick_slices(pick, case, heads)
     q, k, v = (slices(t, sample) for t in inputs)
     try:
@@ -53,6 +38,7 @@ def verify_call(verify: dict, call: int, got: torch.Tensor, inputs, case: Case,
         expected = attention_reference(q, k, v)
     rtol, atol = 2 * (case.rtol or config.RTOL), 2 * (case.atol or config.ATOL)
     got_slices = slices(got, sample)
+    verify["checked"] += 1
     # The usual case in one wait for the GPU: every element finite, and every sampled one within
     # the tolerance (a NaN is within nothing). compare_outputs' dozen reductions, each read back,
     # took most of the check's ~10 ms a call (H100, session 17). Every element is finite exactly

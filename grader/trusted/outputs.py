@@ -4,10 +4,11 @@ the checker. Nothing but the elements: the case gives the shape, and the run sta
 output of the case's shape and float16 (run_stage.output_problem). Both ends are trusted; the
 subject cannot reach the folder.
 
-Raw, not torch.save: the largest case's output is 537 MB, and torch.save's archive (with a CRC of
-every record) took about 0.36 s of each run stage on the GPU stages' CPUs and torch.load 0.5 s
-of each check more than raw elements did (H100, session 26, notes/throughput.md). The file is
-mapped (torch.from_file), so O is copied from the GPU straight into its pages.
+Raw, not torch.save: the largest case's output is 537 MB, and its torch.save archive (a CRC of
+every record) and torch.load held each run stage on the GPU stages' CPUs and each check: with
+raw elements the run stage took a median 1.10 s against 1.62-1.68 s, the check 0.77 s against
+1.17-1.25 s (H100 courses of sessions 26, 27 and 29, notes/throughput.md). The file is mapped
+(torch.from_file), so O is copied from the GPU straight into its pages.
 """
 
 from __future__ import annotations

@@ -155,12 +155,11 @@ def _timed_loop(spec: dict, link: Link, call: Call, case: Case, cost: ProtocolCo
 
 
 def wrong_enough(verify: dict) -> bool:
-    """Whether the calls' outputs are wrong as a rule, not by chance (config.TIMING_WRONG_STOP; of
-    the calls compared with SDPA, call_checks.compare_this_call):
+    """Whether the calls' outputs are wrong as a rule, not by chance (config.TIMING_WRONG_STOP):
     the time will not count, whatever the check stage finds, so more calls would only hold the
     GPU. A kernel wrong now and then is timed on, and its count of wrong calls reported."""
     return (verify["wrong"] >= config.TIMING_WRONG_STOP
-            and 2 * verify["wrong"] > verify["compared"])
+            and 2 * verify["wrong"] > verify["checked"])
 
 
 def _may_stop_early(times: list[float], spec: dict) -> bool:
