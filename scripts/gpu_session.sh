@@ -23,8 +23,9 @@
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
 # wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
 # probe (bench/protocol_probe.py --solution $PROBE_ARGS), probe-path (a run stage's calls first
-# or not), probe-spread (REPEAT: the solution's medians across processes), verify-probe (bench/verify_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT:
-# the 100-copy course on one GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
+# or not), probe-spread (REPEAT: the solution's medians across processes), verify-probe
+# (bench/verify_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT: the 100-copy course on one
+# GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
 # with each lane count in turn), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
 # it was started from.
@@ -84,7 +85,7 @@ task() {
         # a share of the calls with SDPA too; that option went with the change, commit 7aaa2cc)
         probe-spread) make env && .venv/bin/python bench/protocol_probe.py --solution --only solution \
                         --repeat ${REPEAT:-5} --profiler on --run-first yes --calls 100 \
-                        --out bench/protocol_probe_spread.json && cp bench/protocol_probe_spread.json "$OUT/" ;;
+                        --out bench/protocol_probe_processes.json && cp bench/protocol_probe_processes.json "$OUT/" ;;
         # what the timed loop's check of each output costs, part by part
         verify-probe) make env && .venv/bin/python bench/verify_probe.py && cp bench/verify_probe.json "$OUT/" ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;

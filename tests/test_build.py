@@ -555,7 +555,7 @@ def test_the_real_build_compiles_the_unit_against_the_tensor_api_first_and_again
     assert calls[0] == ["-DX=1", f"-I{shim}"]
     assert (shim / "torch" / "extension.h").read_text() == build_child.CHECK_EXTENSION_H
     out = capfd.readouterr().out
-    assert "compile 1\n" in out and "compiling it again" not in out
+    assert "compile 1\n" in out and "again with the full" not in out
     assert not (tmp_path / "ok" / "tensor-api-compile.log").exists()
 
     calls.clear()
@@ -564,7 +564,22 @@ def test_the_real_build_compiles_the_unit_against_the_tensor_api_first_and_again
     assert calls == [["-DX=1", f"-I{tmp_path / 'again' / 'check-include'}"], ["-DX=1"]]
     out = capfd.readouterr().out
     assert "compile 1" not in out and "compile 2\n" in out   # the first compile's output dropped
-    assert "compiling it again with the full torch/extension.h" in out
+    assert "compiling submission.cu again with the full torch/extension.h" in out
+    # what the student reads first is the real build's first error, not the grader's line
+    log = (out + "FAILED: cuda.cuda.o\nptxas fatal   : Unresolved extern function '_Z3fooi'\n"
+           "RuntimeError: Error building extension 'sub_x'\n")
+    assert build_log._first_error(build_log.relevant_log(log)).startswith("RuntimeError")
+
+    calls.clear()   # a unit that names the binding or the C++ frontend: the full header at once
+    source.write_text("#include <torch/extension.h>\nauto f = torch::nn::functional::softmax;\n")
+    build_child.build_extension(source, "sub_x", tmp_path / "whole", "90a", ["-DX=1"])
+    assert calls == [["-DX=1"]] and not (tmp_path / "whole" / "check-include").exists()
+    for text in ("py::object o;", "PYBIND11_MODULE(m, m) {}", "PyObject *p;", "Py_INCREF(p);",
+                 "torch::optim::SGD s;", "torch::jit::load(x);"):
+        assert build_child.NEEDS_FULL_HEADER.search(text), text
+    for text in ("// PyTorch's layout", "at::Tensor t;", "torch::Tensor q;", "c10::Half h;",
+                 "torch::empty_like(q)", "nnz += 1;"):
+        assert not build_child.NEEDS_FULL_HEADER.search(text), text
 
 
 def test_a_second_load_inline_of_one_name_keeps_the_name(tmp_path, monkeypatch):

@@ -166,3 +166,25 @@ def test_an_output_is_handed_to_the_checker_as_its_raw_elements(tmp_path):
     empty = output_path(tmp_path, "empty")
     save_output(torch.empty(1, 1, 0, 8, dtype=torch.float16), empty)
     assert load_output(empty, (1, 1, 0, 8), "cpu").shape == (1, 1, 0, 8)
+    elsewhere, link = tmp_path / "elsewhere", output_path(tmp_path, "linked")
+    link.symlink_to(elsewhere)   # a link where the output goes is replaced, never followed
+    save_output(o, link)
+    assert not elsewhere.exists() and not link.is_symlink() and link.stat().st_size == 2 * o.numel()
+
+
+def test_an_output_the_checker_cannot_read_is_the_grader_s_problem(tmp_path):
+    """A run stage's output file cut short (the harness writes it whole: a full disk, another
+    grader version) is neither a mismatch nor the submission's runtime error: the checker says it
+    broke (CHECKER_BROKE, which the check stage grades again as the machine's), and the message
+    names neither the file nor the case's shape (hidden cases are checked too)."""
+    from grader.stages.check import is_broken
+    folder = tmp_path / "out"
+    runs = _outputs(folder)
+    path = output_path(folder, CASES[1].id)
+    path.write_bytes(path.read_bytes()[:-2])
+    results = {r.case: r for r in _check(folder, runs)}
+    assert results[CASES[0].id].status is Status.PASS
+    broken = results[CASES[1].id]
+    assert broken.status is Status.RUNTIME_ERROR and is_broken(broken), broken
+    assert broken.message.startswith(correctness.CHECKER_BROKE + "could not read the run stage's")
+    assert CASES[1].id not in broken.message and str(folder) not in broken.message

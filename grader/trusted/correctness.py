@@ -181,6 +181,8 @@ def check_outputs(cases: list[Case], runs: dict[str, dict], *, out_dir: Path, de
         finding = Finding.from_dict(meta["finding"]) if meta.get("finding") else None
         status = Status(meta.get("status", "pass" if test["outcome"] == "passed" else "runtime_error"))
         message = run["message"] if run["status"] != "pass" else (finding.summary() if finding else "")
+        if meta.get("broke"):   # the checker could not read what the harness wrote: not the case's
+            status, message = Status.RUNTIME_ERROR, f"{CHECKER_BROKE}{meta['broke']}"
         results.append(CaseResult(case.id, status, message, case.hidden, finding,
                                   run.get("elapsed_s"), meta.get("peak_memory_bytes"),
                                   launched_of(run), overloaded=bool(run.get("overloaded"))))

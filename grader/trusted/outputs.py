@@ -13,6 +13,7 @@ raw elements the run stage took a median 1.10 s against 1.62-1.68 s, the check 0
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -25,17 +26,22 @@ def output_path(out_dir: Path | str, case_id: str) -> Path:
 
 
 def save_output(o: torch.Tensor, path: Path) -> None:
-    """O's elements into a new file at `path` (its own copy: O is the subject's buffer too)."""
+    """O's elements into a new file at `path` (its own copy: O is the subject's buffer too). What
+    was at `path` is removed first, a link included (never followed), and the file's space is
+    taken before it is mapped: a full disk is an OSError here, not a SIGBUS in the copy."""
     if o.dtype != torch.float16:
         raise ValueError(f"an output is saved as float16, not {o.dtype}")
-    if path.exists():
-        path.unlink()   # a mapping of an old file would keep its size and its elements
-    if o.numel() == 0:
-        path.touch()
-        return
-    mapped = torch.from_file(str(path), shared=True, size=o.numel(), dtype=torch.float16)
-    mapped.copy_(o.detach().reshape(-1))
-    del mapped   # unmapped: the elements are in the file
+    path.unlink(missing_ok=True)   # a mapping of an old file would keep its size and elements
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if o.numel():
+            os.posix_fallocate(fd, 0, 2 * o.numel())
+    finally:
+        os.close(fd)
+    if o.numel():
+        mapped = torch.from_file(str(path), shared=True, size=o.numel(), dtype=torch.float16)
+        mapped.copy_(o.detach().reshape(-1))
+        del mapped   # unmapped: the elements are in the file
 
 
 def load_output(path: Path, shape: tuple[int, ...], device: str | torch.device) -> torch.Tensor:

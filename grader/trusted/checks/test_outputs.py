@@ -91,7 +91,13 @@ def test_case(case: Case, json_metadata: dict, check_spec: dict) -> None:
         json_metadata["status"] = "mismatch"
         pytest.fail(run["problem"], pytrace=False)
     q, k, v = make_inputs(case, device)
-    got = load_output(output_path(check_spec["out_dir"], case.id), case.shape, device)
+    try:
+        got = load_output(output_path(check_spec["out_dir"], case.id), case.shape, device)
+    except (OSError, ValueError) as e:   # the harness wrote it: the grader's problem, said so
+        why = getattr(e, "strerror", None) or "it is not the size of this case's output"
+        json_metadata["status"] = "runtime_error"
+        json_metadata["broke"] = f"could not read the run stage's output ({why})"
+        pytest.fail(json_metadata["broke"], pytrace=False)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     finding = compare(got, (q, k, v), case, json_metadata, check_spec)
