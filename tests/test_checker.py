@@ -172,7 +172,7 @@ def test_an_output_is_handed_to_the_checker_as_its_raw_elements(tmp_path):
     assert not elsewhere.exists() and not link.is_symlink() and link.stat().st_size == 2 * o.numel()
 
 
-def test_an_output_the_checker_cannot_read_is_the_grader_s_problem(tmp_path):
+def test_an_output_the_checker_cannot_read_is_the_grader_s_problem(tmp_path, checker_pid):
     """A run stage's output file cut short (the harness writes it whole: a full disk, another
     grader version) is neither a mismatch nor the submission's runtime error: the checker says it
     broke (CHECKER_BROKE, which the check stage grades again as the machine's), and the message
@@ -183,6 +183,7 @@ def test_an_output_the_checker_cannot_read_is_the_grader_s_problem(tmp_path):
     path = output_path(folder, CASES[1].id)
     path.write_bytes(path.read_bytes()[:-2])
     results = {r.case: r for r in _check(folder, runs)}
+    checker_pid()   # (the fixture stops the warm checker after the test: no process outlives it)
     assert results[CASES[0].id].status is Status.PASS
     broken = results[CASES[1].id]
     assert broken.status is Status.RUNTIME_ERROR and is_broken(broken), broken
