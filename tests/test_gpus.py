@@ -281,7 +281,7 @@ class Recorder:
         with self.lock:
             self.runs.append(dict(what=what, slot=ctx.slot, uuid=ctx.device.uuid, role=role,
                                   thread=threading.current_thread().name, start=started,
-                                  end=time.monotonic(), cpus=ctx.cpus.gpu))
+                                  end=time.monotonic(), cpus=ctx.cpus.gpu, protocol=ctx.protocol))
 
     def grade_submission(self, sub, build, ctx, source=""):
         queued = early_hook.early().queued   # the worker's next (Lookahead), as run_cases sees it
@@ -311,16 +311,17 @@ def course(monkeypatch, tmp_path, make_submission, small_case):
     monkeypatch.setattr(scheduling, "build_submission",
                         lambda sub, **kw: time.sleep(0.01) or BuildResult(Status.PASS, "import", 0.01))
     monkeypatch.setattr(scheduling, "device_minor", lambda uuid: None)
+    monkeypatch.setattr(lookahead, "prepare", lambda sub, build, ctx, timed: None)   # no processes
     subs = [inspect_folder(make_submission(f"s{i}", "def custom_kernel(data):\n    return data[0]\n"))
             for i in range(8)]
     subs.append(inspect_folder(make_submission("sol", "def custom_kernel(data):\n    return data[0]\n"),
                                role=Role.BASELINE, id="solution"))
 
-    def grade(devices, **kw):
+    def grade(devices, baselines=("torch_reference", "sdpa_flash"), **kw):
         ctx = _ctx(tmp_path, small_case, devices)
         ctx.out_dir.mkdir(parents=True, exist_ok=True)
         journal = RunJournal(ctx.out_dir, dict(submissions=[s.id for s in subs]))
-        graded = scheduling.grade_all(subs, ctx, baselines=["torch_reference", "sdpa_flash"],
+        graded = scheduling.grade_all(subs, ctx, baselines=list(baselines),
                                     build_jobs=2, journal=journal, **kw)
         journal.finish("finished")
         return ctx, graded
@@ -475,6 +476,57 @@ def test_a_worker_knows_its_next_submission_while_it_grades_one(course):
     for graded, following in zip(order, order[1:] + [None]):
         if told.get(graded):
             assert told[graded] == following, (graded, told[graded], following)
+
+
+def test_a_worker_begins_its_first_runs_while_its_gpu_is_calibrated(course, monkeypatch):
+    """workers.first_turn (issue 32, the course's start): the protocol is calibrated in a thread
+    of the worker's own while its lane begins its first job's run and the next ones'
+    (Lookahead.begin), so that the first turn does not start its processes after the
+    calibration. No GPU stage starts before the cost is known, and each is given it (a prepared
+    run's spec, written before, holds none: the harness is told it on its turn, turn_word)."""
+    cost = ProtocolCost(idle_ms=0.7, busy_ms=0.9, busy_work_ms=10.0)
+    began: list = []
+    calibration: dict = {}
+
+    def calibrate(ctx, reuse=False):
+        deadline = time.monotonic() + 60
+        while not began and time.monotonic() < deadline:   # the first runs begin meanwhile
+            time.sleep(0.01)
+        calibration.update(begun=list(began), ended=time.monotonic())
+        return cost
+
+    def prepare(sub, build, ctx, timed):
+        began.append((sub.id, ctx.protocol, timed))
+        return None
+
+    monkeypatch.setattr(scheduling, "calibrate_protocol", calibrate)
+    monkeypatch.setattr(lookahead, "prepare", prepare)
+    course.grade([gpu(0)])
+    runs = sorted(course.recorder.runs, key=lambda r: r["start"])
+    first = next(r["what"] for r in runs if r["what"] in {s.id for s in course.subs})
+    assert calibration["begun"] and calibration["begun"][0][0] == first
+    assert {p for _, p, _ in calibration["begun"]} == {ProtocolCost()}   # not known yet
+    assert all(t is not None for _, _, t in calibration["begun"])
+    assert all(r["start"] >= calibration["ended"] and r["protocol"] == cost for r in runs)
+    assert len(runs) == len(course.subs) + 2   # every submission, and both baselines
+
+
+def test_a_worker_with_nothing_to_run_still_ends_its_calibration(course, monkeypatch):
+    """Every build failed, so no lane waits for the calibration: the worker does, and its
+    error, if any, is the run's."""
+    monkeypatch.setattr(scheduling, "build_submission",
+                        lambda sub, **kw: BuildResult(Status.BUILD_ERROR, "import", 0.01))
+    ended = []
+
+    def calibrate(ctx, reuse=False):
+        time.sleep(0.5)
+        ended.append(time.monotonic())
+        raise RuntimeError("calibration bug")
+
+    monkeypatch.setattr(scheduling, "calibrate_protocol", calibrate)
+    with pytest.raises(RuntimeError, match="calibration bug"):
+        course.grade([gpu(0)], baselines=())
+    assert ended and course.recorder.runs == []
 
 
 def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjects(
@@ -823,7 +875,7 @@ class _GoneStages:
     """A prepared run's Stages whose harness ends with no record on its turn."""
     closed = False
 
-    def go(self):
+    def go(self, protocol):
         pass
 
     def ran(self, timeout_s):

@@ -31,6 +31,7 @@ from grader.problem import make_random_inputs
 from grader.stages.folders import SUBJECT
 from grader.isolation.procs import child_env
 from grader.course.results import LOOP_PARTS, TIME_PHASES
+from grader.course.verdicts import ProtocolCost
 from grader.common.text import clean
 from .devices import GPU
 
@@ -928,22 +929,26 @@ SLOW_IMPORT = "import time\ntime.sleep(1.5)\n" + textwrap.dedent(PID_PRINTER)
 def test_a_run_begun_early_loads_the_submission_only_on_its_turn(tmp_path):
     """lookahead.Lookahead (issue 13): a prepared harness starts its subject, which starts the
     profiler and waits; no submission code runs before "run" (the 1.5 s import lands in "load",
-    after the wait); then run and time go on as usual, on that one subject."""
+    after the wait); then run and time go on as usual, on that one subject. The time stage
+    subtracts the protocol's cost said with "run" (turn_word), not the spec's: a worker's first
+    runs are begun while its GPU's protocol is still being calibrated."""
     from grader.stages.harnesses import Prepared
     from grader.stages.harnesses import Stages
     spec, spec_path = stages_spec(tmp_path, SLOW_IMPORT)
+    assert ProtocolCost.from_dict(spec["time"].get("protocol")) == ProtocolCost()   # not known yet
     stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
     try:
         assert prepared.settle(120) and prepared.settle(0)   # said once, remembered
         time.sleep(1.0)                                       # the submission before it runs
         assert not (tmp_path / "run.json").exists()
-        stages.go()
+        stages.go(ProtocolCost(idle_ms=0.02))
         ran, run_log = stages.ran(120)
         assert ran is not None and [r["status"] for r in ran["cases"].values()] == ["pass"] * 4, run_log
         timed, time_log = stages.time()
     finally:
         prepared.close()
+    assert timed["stats"]["protocol_ms"] == pytest.approx(0.02), timed["stats"]
     phases = ran["phases_s"]
     assert list(phases) == ["harness", "buffers", "prepare", "waiting", "load", "cases"]
     assert phases["waiting"] >= 1.0 and phases["load"] >= 1.5, phases
@@ -984,7 +989,7 @@ def test_a_run_begun_early_waits_on_the_builds_cpus_and_runs_on_the_gpu_stages(t
         for pid in tree:
             for task in os.listdir(f"/proc/{pid}/task"):
                 assert os.sched_getaffinity(int(task)) == set(split.build), (pid, task)
-        stages.go()
+        stages.go(ProtocolCost())
         ran, run_log = stages.ran(120)
     finally:
         prepared.close()
@@ -1037,12 +1042,32 @@ def test_a_run_begun_early_whose_subject_died_while_it_waited_says_so_on_its_tur
         own = stages.harness.proc.pid
         for pid in tree_mod.process_tree(own) - {own}:
             os.kill(pid, signal.SIGKILL)
-        stages.go()
+        stages.go(ProtocolCost())
         ran, log = stages.ran(120)
     finally:
         prepared.close()
     assert ran is None
     assert "the run begun early gives up: on its turn the subject said" in log, log
+
+
+def test_a_run_begun_early_told_a_word_it_cannot_read_gives_up(tmp_path):
+    """subject_start.take_turn_fields: the turn's word comes from the grader only; one the harness
+    cannot read (a grader bug) ends the run begun early with no record, before the submission is
+    loaded (harnesses.NotStarted: graded anew), and the harness's output says why."""
+    from grader.stages.harnesses import Prepared
+    from grader.stages.harnesses import Stages
+    spec, spec_path = stages_spec(tmp_path, "print('LOADED', flush=True)\n"
+                                            "def custom_kernel(data):\n    return data[2].clone()\n")
+    stages = Stages(dict(spec, prepare=True), spec_path, env=child_env(cuda=False), cpus=None)
+    prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
+    try:
+        assert prepared.settle(120)
+        stages.harness.say(b'run {"protocol": 3}\n')
+        ran, log = stages.ran(120)
+    finally:
+        prepared.close()
+    assert ran is None and "LOADED" not in log
+    assert "the grader's word on its turn is not run" in log, log
 
 
 def test_a_run_begun_early_has_one_limit_for_loading_and_its_cases(tmp_path):
@@ -1058,7 +1083,7 @@ def test_a_run_begun_early_has_one_limit_for_loading_and_its_cases(tmp_path):
     prepared = Prepared(sub=None, work=tmp_path, jit=None, stages=stages, folders=contextlib.ExitStack())
     try:
         assert prepared.settle(120)
-        stages.go()
+        stages.go(ProtocolCost())
         ran, log = stages.ran(120)
     finally:
         prepared.close()

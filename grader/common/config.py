@@ -178,8 +178,11 @@ RESERVE_MIN_CPUS = 6
 # and the subject start, with CUDA and the profiler, loading no submission code (10-15 s on an
 # H100, more beside the builds, whose CPUs they use). This many at once: a submission's stages
 # take 5-10 s once they are begun early, so one preparation would seldom be ready at its turn;
-# with two, session 25's turns of about 7 s waited a median 1.8 s for a preparation of 12 s.
-LOOKAHEAD = 3
+# with two, session 25's turns of about 7 s waited a median 1.8 s for a preparation of 12 s; with
+# three, session 29's turns of 4.7 s waited 61 times (112 s in all) for preparations of 11.2 s
+# (p90 13.1 s) on the builds' CPUs. Five give a lead of about 23 s; each holds a CUDA context
+# and the largest case's buffers (about 3 GB of GPU memory) until its turn.
+LOOKAHEAD = 5
 # Run and check stages of this many submissions may share a GPU at once (grade --lanes N). Their
 # time stages still run one at a time, each alone on the GPU, on a fresh subject (grader/schedule/gate.py
 # says what is kept apart). 1, the default: one submission at a time, its time stage on its run's

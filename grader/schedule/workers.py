@@ -25,6 +25,7 @@ from grader.course.verdicts import BuildResult
 from grader.isolation.cpus import default_build_jobs, gpu_worker, set_gpu_workers
 from grader.isolation.device import device_minor
 from grader.isolation.procs import Cancelled, cancel_all
+from grader.problem import largest
 from grader.report.progress import Progress
 from grader.schedule.gate import BuildThrottle, GpuGate
 from grader.schedule.jobs import Jobs
@@ -241,38 +242,56 @@ class CourseRun:
     # ------------------------------------------------------------ GPU workers
 
     def work(self, slot: int, worker: GradeContext) -> None:
-        """GPU `slot`'s worker: the protocol calibrated on it, then its lanes (worker.lanes
-        threads, this one among them) taking jobs, their run stages sharing the GPU and their
-        time stages one at a time (gate.py); one lane grades as before lanes."""
+        """GPU `slot`'s worker: the protocol calibrated on it while its lanes (worker.lanes
+        threads, this one among them) begin their first runs (first_turn), then the lanes taking
+        jobs, their run stages sharing the GPU and their time stages one at a time (gate.py); one
+        lane grades as before lanes."""
         try:
-            with gpu_worker(slot):
-                if self.graded:   # while the first builds compile
-                    worker = dataclasses.replace(
-                        worker, protocol=calibrate_protocol(worker, reuse=self.reused))
-            lanes = [threading.Thread(target=self.lane, args=(slot, worker), daemon=True,
+            calibrated = self.calibrating(slot, worker)
+            lanes = [threading.Thread(target=self.lane, args=(slot, worker, calibrated), daemon=True,
                                       name=f"gpu-worker-{slot}.{k}") for k in range(1, worker.lanes)]
             for t in lanes:
                 t.start()
-            self.lane(slot, worker)
+            self.lane(slot, worker, calibrated)
             for t in lanes:
                 t.join()
+            calibrated.result()   # ended (its harness gone) when no lane had a job to wait for it
         except BaseException as e:   # Cancelled (stopping), a grader bug
             self.errors.append(e)
             self.jobs.stop()
 
-    def lane(self, slot: int, worker: GradeContext) -> None:
+    def calibrating(self, slot: int, worker: GradeContext) -> concurrent.futures.Future:
+        """The protocol's cost on GPU `slot` (calibrate_protocol), measured in a thread of its own
+        while the first builds compile and the lanes begin their first runs (first_turn); the
+        worker's own cost when nothing is graded."""
+        cost: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.graded:
+            cost.set_result(worker.protocol)
+            return cost
+
+        def calibrate() -> None:
+            try:
+                with gpu_worker(slot):
+                    cost.set_result(calibrate_protocol(worker, reuse=self.reused))
+            except BaseException as e:   # Cancelled (stopping), a grader bug: the lanes raise it
+                cost.set_exception(e)
+
+        threading.Thread(target=calibrate, daemon=True, name=f"gpu-calibrate-{slot}").start()
+        return cost
+
+    def lane(self, slot: int, worker: GradeContext,
+             calibrated: concurrent.futures.Future | None = None) -> None:
         """One lane of GPU `slot`'s worker: jobs taken in turn, the next ones begun early
-        (keep_warm) and each submission's check left behind its turn (checks_behind)."""
+        (keep_warm) and each submission's check left behind its turn (checks_behind); the first
+        one and those after it begun while the protocol is `calibrated` (first_turn)."""
         jobs = self.jobs
         try:
             with gpu_worker(slot), keep_warm(), checks_behind():
                 job, ahead = jobs.take(slot), deque()
                 while job is not None:
-                    while len(ahead) < worker.lookahead:   # begun while this one runs
-                        upcoming = jobs.take(slot, wait=False)
-                        if upcoming is None:
-                            break
-                        ahead.append(upcoming)
+                    self.take_ahead(slot, ahead, worker.lookahead)   # begun while this one runs
+                    if calibrated is not None:
+                        worker, calibrated = self.first_turn(slot, job, ahead, worker, calibrated), None
                     early().queue(list(ahead))
                     self.grade_job(job, worker)
                     job = ahead.popleft() if ahead and not jobs.stopped else jobs.take(slot)
@@ -282,6 +301,30 @@ class CourseRun:
         except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
             self.errors.append(e)
             jobs.stop()
+
+    def take_ahead(self, slot: int, ahead: deque, lookahead: int) -> None:
+        """Up to `lookahead` of GPU `slot`'s next jobs into `ahead`, as many as are ready now."""
+        while len(ahead) < lookahead:
+            upcoming = self.jobs.take(slot, wait=False)
+            if upcoming is None:
+                return
+            ahead.append(upcoming)
+
+    def first_turn(self, slot: int, job, ahead: deque, worker: GradeContext,
+                   calibrated: concurrent.futures.Future) -> GradeContext:
+        """A lane's first job (a baseline, or the first build): while the worker's GPU is still
+        being calibrated, its run and the next ones' are begun as their builds end (Lookahead:
+        harnesses and subjects starting CUDA, as they do beside every timed call of the course),
+        so that the first turns do not start their processes after the calibration. Then the
+        lane's context with the calibrated cost, which each prepared run's time stage is told on
+        its turn (harnesses.turn_word): every GPU stage waits for it."""
+        timed = largest(list(worker.cases)) if worker.device.cuda else None
+        while not calibrated.done():
+            self.take_ahead(slot, ahead, worker.lookahead)
+            early().queue([job, *ahead])
+            early().begin(worker, timed)
+            concurrent.futures.wait([calibrated], timeout=0.25)
+        return dataclasses.replace(worker, protocol=calibrated.result())
 
     def grade_job(self, job, worker: GradeContext) -> None:
         what, entry, sub, build_result = job

@@ -24,6 +24,7 @@ from grader.stages.turns import PerThread
 import contextlib
 import dataclasses
 from grader.course.submission import Submission
+from grader.course.verdicts import ProtocolCost
 
 
 def harness_said(output: str) -> str:
@@ -216,6 +217,14 @@ def take_harness(env: dict | None, cpus: CpuSplit | None, *, spare: bool = True)
     return got
 
 
+def turn_word(protocol: ProtocolCost) -> bytes:
+    """What a prepared harness is told on its turn (subject_start.start_prepared): run, with the
+    protocol's cost its time stage subtracts. A worker's first runs are begun while its GPU's
+    protocol is being calibrated (schedule/workers.py), so their specs, written then, cannot
+    hold it; the harness takes this one in place of the spec's."""
+    return b"run " + json.dumps(dict(protocol=protocol.to_dict())).encode() + b"\n"
+
+
 class Stages:
     """One harness process, and so one subject, for a submission's run and time stages
     (harness.run_then_time; issue 13: the time stage starts no second harness or subject and
@@ -234,9 +243,10 @@ class Stages:
             self.harness.close()
             raise
 
-    def go(self) -> None:
-        """A prepared run's turn (spec "prepare", Prepared.settle): load the submission, run."""
-        self.harness.say(b"run\n")
+    def go(self, protocol: ProtocolCost) -> None:
+        """A prepared run's turn (spec "prepare", Prepared.settle): load the submission, run;
+        its time stage subtracts `protocol` (turn_word)."""
+        self.harness.say(turn_word(protocol))
 
     def ran(self, timeout_s: float) -> tuple[dict | None, str]:
         """The run stage's record and log text, once the harness says it has them (or has died,
@@ -297,11 +307,11 @@ class TimeSubject:
             self.ready = self.harness.prepared(timeout_s)
         return self.ready
 
-    def time(self) -> tuple[dict | None, str]:
-        """The time stage, to its end: its record (None when its subject never got to its turn)
-        and the log text."""
+    def time(self, protocol: ProtocolCost) -> tuple[dict | None, str]:
+        """The time stage, to its end, `protocol` subtracted (turn_word): its record (None when
+        its subject never got to its turn) and the log text."""
         if self.settle():
-            self.harness.say(b"run\n")
+            self.harness.say(turn_word(protocol))
             self.harness.wait(self.time_s)
         self.close()
         return harness_record(self.result, self.harness.reader.text())

@@ -121,7 +121,7 @@ def run_cases(sub: Submission, build: BuildResult, cases: list[Case], ctx: Grade
     stages = None
     if prepared is not None:
         stages = prepared.stages
-        stages.go()
+        stages.go(ctx.protocol)
     elif timed is not None and timed in cases:
         spec, spec_path = stages_spec(sub, build, cases, ctx, work, jit, timed)
         stages = Stages(spec, spec_path, env=ctx.env, cpus=ctx.run_cpus)

@@ -17,7 +17,6 @@ from grader.course.verdicts import BuildResult, ProtocolCost, TimingStats
 from grader.isolation.device import DeviceInfo
 from grader.isolation.procs import Cancelled, stopping
 from grader.problem import Case, largest
-from grader.stages.ahead import early
 from grader.stages.context import GradeContext, health_checks_of
 from grader.stages.folders import save_calls, save_log, scratch, subject_folders, target_of
 from grader.stages.harnesses import Stages, TimeSubject, harness_said, harness_spec, run_harness
@@ -80,7 +79,7 @@ def time_target(target: dict, case: Case, ctx: GradeContext, *, folder: list[Pat
                 record, output, case, ctx, log_name, in_turn=in_turn))
         record, output = stages.time_record()
     elif timer is not None:
-        record, output = timer.time()
+        record, output = timer.time(ctx.protocol)
         if record is None:   # it gave up before loading anything (time_stage.time_prepared)
             if stopping():
                 raise Cancelled("the run is stopping: a prepared time stage was stopped")
@@ -156,7 +155,9 @@ def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCos
     harness on subjects that run no submission (grader/trusted/harness.py calibrate); zero without a GPU
     or if it failed (then times include it, for every row alike). With `reuse` (a resumed run
     that keeps results timed earlier), the cost those were corrected with is used again if it was
-    measured on this GPU for this case: every row of one run has the same cost subtracted."""
+    measured on this GPU for this case: every row of one run has the same cost subtracted. In a
+    course it runs while the worker's first runs are begun (workers.first_turn): their harnesses
+    and subjects start CUDA beside its calls, as the next runs' do beside every timed call."""
     if not ctx.device.cuda:
         return ProtocolCost()
     # One file per GPU: the first GPU's where it always was, another's beside it.
@@ -184,7 +185,6 @@ def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCos
 
 
 def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
-    early().settle()
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=scratch()) as tmp:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
                                      folder=[], deadline_s=ctx.limits.time_s,

@@ -66,8 +66,11 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
         word = read_line(decide_fd)
     except OSError:
         word = ""
-    if word != "run":
+    verb, _, told = word.partition(" ")
+    if verb != "run":
         _give_up(link, f"the grader said {word!r} instead of 'run'")
+    if told:
+        take_turn_fields(spec, told, link)
     take_cpus(spec, {os.getpid()} | process_tree(link.proc.pid))
     ends.append(("waiting", time.monotonic()))
     deadline = time.monotonic() + spec["deadline_s"]
@@ -76,6 +79,20 @@ def start_prepared(spec: dict, buffers: dict[str, SharedBuffer],
     if why:
         _give_up(link, f"on its turn {why}")
     return link, loaded(link, spec, deadline), deadline
+
+
+def take_turn_fields(spec: dict, told: str, link: Link) -> None:
+    """What the grader says with "run" (harnesses.turn_word): the protocol's cost, calibrated on
+    the GPU while this run was being prepared (a worker's first runs are begun beside its
+    calibration), for the time stage, in place of the spec's. Only the grader writes the control
+    pipe; a word it cannot read is the grader's bug: given up (run anew, the usual way)."""
+    try:
+        protocol = json.loads(told)["protocol"]
+        if not isinstance(protocol, dict):
+            raise TypeError(type(protocol).__name__)
+    except (ValueError, KeyError, TypeError) as e:
+        _give_up(link, f"the grader's word on its turn is not run {{\"protocol\": ...}} ({e!r})")
+    (spec["time"] if "time" in spec else spec)["protocol"] = protocol
 
 
 def _not_said(link: Link, deadline: float, event: str, send: bytes = b"",
