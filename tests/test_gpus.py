@@ -479,7 +479,7 @@ def test_a_worker_knows_its_next_submission_while_it_grades_one(course):
 
 
 def test_a_worker_begins_its_first_runs_while_its_gpu_is_calibrated(course, monkeypatch):
-    """workers.first_turn (issue 32, the course's start): the protocol is calibrated in a thread
+    """lookahead.first_turn (issue 32, the course's start): the protocol is calibrated in a thread
     of the worker's own while its lane begins its first job's run and the next ones'
     (Lookahead.begin), so that the first turn does not start its processes after the
     calibration. No GPU stage starts before the cost is known, and each is given it (a prepared

@@ -5,14 +5,18 @@ The stages see it only as their thread's EarlyRuns (grader/stages/turns.py).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
+from collections import deque
 
 from grader.common.status import Status
 from grader.course.submission import Submission
 from grader.course.verdicts import BuildResult
 from grader.isolation.procs import Cancelled
-from grader.problem import Case
+from grader.problem import Case, largest
 from grader.schedule.gate import GpuGate
+from grader.schedule.jobs import Jobs
 from grader.stages.ahead import EarlyRuns, early, forget_early, install_early
 from grader.stages.context import GradeContext
 from grader.stages.early import prepare
@@ -31,6 +35,32 @@ def keep_warm():
         early().drop()
         forget_early()
         drop_spares()
+
+
+def take_ahead(jobs: Jobs, slot: int, ahead: deque, lookahead: int) -> None:
+    """Up to `lookahead` of GPU `slot`'s next jobs into `ahead`, as many as are ready now."""
+    while len(ahead) < lookahead:
+        upcoming = jobs.take(slot, wait=False)
+        if upcoming is None:
+            return
+        ahead.append(upcoming)
+
+
+def first_turn(jobs: Jobs, slot: int, job, ahead: deque, worker: GradeContext,
+               calibrated: concurrent.futures.Future) -> GradeContext:
+    """A lane's first job (a baseline, or the first build): while the worker's GPU is still
+    being calibrated (workers.CourseRun.calibrating), its run and the next ones' are begun as
+    their builds end (harnesses and subjects starting CUDA, as they do beside every timed call of
+    the course), so that the first turns do not start their processes after the calibration.
+    Then the lane's context with the calibrated cost, which each prepared run's time stage is
+    told on its turn (harnesses.turn_word): every GPU stage waits for it."""
+    timed = largest(list(worker.cases)) if worker.device.cuda else None
+    while not calibrated.done():
+        take_ahead(jobs, slot, ahead, worker.lookahead)
+        early().queue([job, *ahead])
+        early().begin(worker, timed)
+        concurrent.futures.wait([calibrated], timeout=0.25)
+    return dataclasses.replace(worker, protocol=calibrated.result())
 
 
 class Lookahead(EarlyRuns):

@@ -25,12 +25,11 @@ from grader.course.verdicts import BuildResult
 from grader.isolation.cpus import default_build_jobs, gpu_worker, set_gpu_workers
 from grader.isolation.device import device_minor
 from grader.isolation.procs import Cancelled, cancel_all
-from grader.problem import largest
 from grader.report.progress import Progress
 from grader.schedule.gate import BuildThrottle, GpuGate
 from grader.schedule.jobs import Jobs
 from grader.schedule.behind import checks_behind, lane_behind
-from grader.schedule.lookahead import keep_warm
+from grader.schedule.lookahead import first_turn, keep_warm, take_ahead
 from grader.stages.ahead import early
 from grader.stages.behind import Left, behind
 from grader.stages.baseline import grade_baseline
@@ -289,9 +288,9 @@ class CourseRun:
             with gpu_worker(slot), keep_warm(), checks_behind():
                 job, ahead = jobs.take(slot), deque()
                 while job is not None:
-                    self.take_ahead(slot, ahead, worker.lookahead)   # begun while this one runs
+                    take_ahead(jobs, slot, ahead, worker.lookahead)   # begun while this one runs
                     if calibrated is not None:
-                        worker, calibrated = self.first_turn(slot, job, ahead, worker, calibrated), None
+                        worker, calibrated = first_turn(jobs, slot, job, ahead, worker, calibrated), None
                     early().queue(list(ahead))
                     self.grade_job(job, worker)
                     job = ahead.popleft() if ahead and not jobs.stopped else jobs.take(slot)
@@ -301,30 +300,6 @@ class CourseRun:
         except BaseException as e:   # GpuUnhealthy, Cancelled (stopping), a grader bug
             self.errors.append(e)
             jobs.stop()
-
-    def take_ahead(self, slot: int, ahead: deque, lookahead: int) -> None:
-        """Up to `lookahead` of GPU `slot`'s next jobs into `ahead`, as many as are ready now."""
-        while len(ahead) < lookahead:
-            upcoming = self.jobs.take(slot, wait=False)
-            if upcoming is None:
-                return
-            ahead.append(upcoming)
-
-    def first_turn(self, slot: int, job, ahead: deque, worker: GradeContext,
-                   calibrated: concurrent.futures.Future) -> GradeContext:
-        """A lane's first job (a baseline, or the first build): while the worker's GPU is still
-        being calibrated, its run and the next ones' are begun as their builds end (Lookahead:
-        harnesses and subjects starting CUDA, as they do beside every timed call of the course),
-        so that the first turns do not start their processes after the calibration. Then the
-        lane's context with the calibrated cost, which each prepared run's time stage is told on
-        its turn (harnesses.turn_word): every GPU stage waits for it."""
-        timed = largest(list(worker.cases)) if worker.device.cuda else None
-        while not calibrated.done():
-            self.take_ahead(slot, ahead, worker.lookahead)
-            early().queue([job, *ahead])
-            early().begin(worker, timed)
-            concurrent.futures.wait([calibrated], timeout=0.25)
-        return dataclasses.replace(worker, protocol=calibrated.result())
 
     def grade_job(self, job, worker: GradeContext) -> None:
         what, entry, sub, build_result = job

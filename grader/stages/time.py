@@ -156,7 +156,7 @@ def calibrate_protocol(ctx: GradeContext, *, reuse: bool = False) -> ProtocolCos
     or if it failed (then times include it, for every row alike). With `reuse` (a resumed run
     that keeps results timed earlier), the cost those were corrected with is used again if it was
     measured on this GPU for this case: every row of one run has the same cost subtracted. In a
-    course it runs while the worker's first runs are begun (workers.first_turn): their harnesses
+    course it runs while the worker's first runs are begun (lookahead.first_turn): their harnesses
     and subjects start CUDA beside its calls, as the next runs' do beside every timed call."""
     if not ctx.device.cuda:
         return ProtocolCost()
