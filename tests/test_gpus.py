@@ -511,9 +511,10 @@ def test_a_worker_begins_its_first_runs_while_its_gpu_is_calibrated(course, monk
     assert len(runs) == len(course.subs) + 2   # every submission, and both baselines
 
 
-def test_a_worker_with_nothing_to_run_still_ends_its_calibration(course, monkeypatch):
-    """Every build failed, so no lane waits for the calibration: the worker does, and its
-    error, if any, is the run's."""
+def test_a_calibration_s_error_is_the_run_s(course, monkeypatch):
+    """The calibration runs in a thread of its own (CourseRun.calibrating): an error there (a
+    grader bug) stops the run and is raised from it, even when every build failed; nothing is
+    timed without the cost."""
     monkeypatch.setattr(scheduling, "build_submission",
                         lambda sub, **kw: BuildResult(Status.BUILD_ERROR, "import", 0.01))
     ended = []
@@ -527,6 +528,27 @@ def test_a_worker_with_nothing_to_run_still_ends_its_calibration(course, monkeyp
     with pytest.raises(RuntimeError, match="calibration bug"):
         course.grade([gpu(0)], baselines=())
     assert ended and course.recorder.runs == []
+
+
+def test_a_calibration_the_run_s_stop_killed_saves_no_cost(tmp_path, small_case, monkeypatch):
+    """At a Ctrl-C the calibration's harness dies with no record: that is the stop, not a
+    calibration that failed. Cancelled is raised and no cost is saved, so a resumed run
+    (reuse) calibrates again instead of reusing a zero that its kept rows were not corrected by;
+    without the stop, the same end is a failed calibration (zero, noted)."""
+    ctx = _ctx(tmp_path, small_case, [gpu(0)])
+    ctx.out_dir.mkdir(parents=True)
+    monkeypatch.setattr(time_stage, "run_harness", lambda *a, **k: (None, "killed"))
+    assert time_stage.calibrate_protocol(ctx) == ProtocolCost()
+    saved = ctx.out_dir / time_stage.PROTOCOL_FILE
+    assert saved.exists()
+    saved.unlink()
+    procs.CHILDREN.cancelled.set()   # what cancel_all sets, without killing other tests' children
+    try:
+        with pytest.raises(procs.Cancelled):
+            time_stage.calibrate_protocol(ctx)
+    finally:
+        procs.end_run()
+    assert not saved.exists()
 
 
 def test_the_next_submissions_are_prepared_claimed_and_timed_on_their_own_subjects(

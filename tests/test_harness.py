@@ -743,8 +743,10 @@ def test_every_timed_row_is_timed_after_the_calls_of_a_run_stage(tmp_path, monke
                                              cases=cases)))
     records.append(time_stage.time_prepared(dict(
         time_spec(tmp_path, SDPA_KERNEL, max_calls=3, name="prepared"), cases=cases, prepare=True,
-        control=control(b"run\n"))))
+        control=control(b'run {"protocol": {"idle_ms": 0.02}}\n'))))
     assert all("failed" not in r and r["stats"]["n"] > 0 for r in records), records
+    # the cost said on its turn is the one its time stage subtracts (subject_start.take_turn_fields)
+    assert records[-1]["stats"]["protocol_ms"] == pytest.approx(0.02), records[-1]["stats"]
     # the calibration's three subjects
     calibrated = calibration.calibrate(dict(mode="calibrate", device="cpu",
                                             target=dict(kind="builtin", name="null"),

@@ -55,10 +55,13 @@ def first_turn(jobs: Jobs, slot: int, job, ahead: deque, worker: GradeContext,
     Then the lane's context with the calibrated cost, which each prepared run's time stage is
     told on its turn (harnesses.turn_word): every GPU stage waits for it."""
     timed = largest(list(worker.cases)) if worker.device.cuda else None
+    seen = -1
     while not calibrated.done():
         take_ahead(jobs, slot, ahead, worker.lookahead)
-        early().queue([job, *ahead])
-        early().begin(worker, timed)
+        if len(ahead) != seen:   # begun once each: one whose preparation failed is not tried again
+            seen = len(ahead)
+            early().queue([job, *ahead])
+            early().begin(worker, timed)
         concurrent.futures.wait([calibrated], timeout=0.25)
     return dataclasses.replace(worker, protocol=calibrated.result())
 

@@ -291,6 +291,8 @@ class CourseRun:
                     take_ahead(jobs, slot, ahead, worker.lookahead)   # begun while this one runs
                     if calibrated is not None:
                         worker, calibrated = first_turn(jobs, slot, job, ahead, worker, calibrated), None
+                        if jobs.stopped:   # another worker stopped the run meanwhile
+                            break
                     early().queue(list(ahead))
                     self.grade_job(job, worker)
                     job = ahead.popleft() if ahead and not jobs.stopped else jobs.take(slot)
@@ -304,7 +306,8 @@ class CourseRun:
     def grade_job(self, job, worker: GradeContext) -> None:
         what, entry, sub, build_result = job
         if what == "baseline":
-            behind().wait()   # timed alone: no check left behind runs beside it
+            behind().wait()   # timed alone: no check left behind runs beside it,
+            early().settle()  # and no run begun early still starting CUDA (first_turn's)
             with alone(worker.gate):
                 worker.progress.stage(entry.id, "time")
                 result = grade_baseline(entry.id, worker)

@@ -191,6 +191,8 @@ def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
                                      case=largest(list(ctx.cases)).to_dict(),
                                      **run_stage_again(ctx),
                                      l2_bytes=ctx.device.l2_bytes)
+    if record is None and stopping():   # killed by the run's stop: no cost, and none saved for a resume
+        raise Cancelled("the run is stopping: the protocol's calibration was stopped")
     if record is None or "protocol" not in record:
         ctx.progress.note(f"protocol calibration failed; times include the protocol's cost\n{output[-1500:]}")
         return ProtocolCost(), {}
