@@ -135,7 +135,7 @@ adversarial: env
 	cp -r tests/corpus/*/ build/adversarial/submissions/
 	GRADER_RUN_S=$${GRADER_RUN_S:-30} GRADER_TIME_BUDGET_S=$${GRADER_TIME_BUDGET_S:-5} \
 	  $(PY) -m grader grade build/adversarial/submissions --out results-adversarial \
-	  --build-dir build/adversarial/build $(if $(JOBS),--jobs $(JOBS))
+	  --build-dir build/adversarial/build $(if $(JOBS),--jobs $(JOBS)) $(if $(GPUS),--gpus $(GPUS))
 
 # Issue 5: same kernel graded twice (< 1% apart); an SDPA FLASH wrapper in calibration mode
 # (< 2% from the SDPA FLASH baseline row).

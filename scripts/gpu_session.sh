@@ -17,14 +17,14 @@
 # Tasks: smoke (device, one example checked), solution (the reference solution checked, with
 # the driver link it needs), tracks (the CuTe and TileLang examples checked), test-gpu (without
 # the adversarial set), triton-warm (bench/triton_warm_probe.py), triton-key (bench/triton_key_probe.py),
-# service-course (SERVICE_STOP: bench/service_course.py), examples (make grade of examples/ with the baselines), adversarial,
+# service-course (SERVICE_STOP: bench/service_course.py), examples (make grade of examples/ with the baselines), adversarial (ADV_GPUS: --gpus),
 # timing-trust, bench, bench-grader (COPIES, BENCH_ARGS), kernel6 (bench/kernel6_check.py),
 # lanes (COPIES, LANES, STOP_AFTER: a short course, then 1 GPU with lanes 3 and 1), lanes-warm
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
 # wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
 # probe (bench/protocol_probe.py --solution $PROBE_ARGS), probe-path (a run stage's calls first
 # or not), probe-spread (REPEAT: the solution's medians across processes), verify-probe
-# (bench/verify_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT: the 100-copy course on one
+# (bench/verify_probe.py), calibration-overlap (CALIBRATION_ARGS: bench/calibration_overlap_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT: the 100-copy course on one
 # GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
 # with each lane count in turn), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
@@ -70,7 +70,7 @@ task() {
         # the adversarial set's GPU test grades 48 submissions (about 18 minutes): its own task
         test-gpu) make test-gpu PYTEST_ARGS="-k 'not adversarial'" ;;
         examples) make grade RESULTS=results-examples && cp results-examples/grades.csv "$OUT/" ;;
-        adversarial) make adversarial; python3 tests/adversarial/verdicts.py results-adversarial ;;
+        adversarial) make adversarial GPUS="${ADV_GPUS:-}"; python3 tests/adversarial/verdicts.py results-adversarial ;;
         # its figures are written whether or not the limits hold: bring them back either way
         timing-trust) make timing-trust; s=$?; cp bench/timing_trust.json "$OUT/timing_trust_$(date -u +%H%M%S).json" 2>/dev/null; (exit $s) ;;
         # where a timed call's time goes, per trusted kernel (the overhead figure's breakdown)
@@ -86,6 +86,9 @@ task() {
         probe-spread) make env && .venv/bin/python bench/protocol_probe.py --solution --only solution \
                         --repeat ${REPEAT:-5} --profiler on --run-first yes --calls 100 \
                         --out bench/protocol_probe_processes.json && cp bench/protocol_probe_processes.json "$OUT/" ;;
+        # the protocol's cost calibrated alone and with a lane's first runs begun beside it (issue 32)
+        calibration-overlap) make env && .venv/bin/python bench/calibration_overlap_probe.py ${CALIBRATION_ARGS:-} \
+                                 ; s=$?; cp bench/calibration_overlap_probe.json "$OUT/" 2>/dev/null; (exit $s) ;;
         # what the timed loop's check of each output costs, part by part
         verify-probe) make env && .venv/bin/python bench/verify_probe.py && cp bench/verify_probe.json "$OUT/" ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;
