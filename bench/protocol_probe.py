@@ -5,6 +5,9 @@
         # how far apart two processes of one kernel are
     python bench/protocol_probe.py --only sdpa_cudnn --repeat 3 --profiler on --run-first both
         # what a run stage's calls before the timed ones change (every timed row makes them)
+    python bench/protocol_probe.py --only sdpa_cudnn --repeat 4 --profiler on --beside 0 2
+        # what runs begun early beside the timed calls change (a course's lane keeps some
+        # starting beside every timed call; its baselines are timed with none)
 
 For trusted subjects only (the harness's null subjects, the SDPA rows and, with --solution, the
 reference solution built here), each with the subject's profiler off and then on (the timed loop
@@ -27,6 +30,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +118,50 @@ def probe(target: dict, *, profiled: bool, calls: int, sandbox: Sandbox, l2_byte
                    for k in ("raw", "events", "beyond_events")})
 
 
+class Beside:
+    """`n` preparations kept starting beside the timed calls, each begun again as it ends: what a
+    course's lane does while it times a submission (schedule/lookahead.Lookahead begins the next
+    runs as each run stage starts, 10-15 s each of torch's import, CUDA's start, the shared
+    buffers and the profiler's first start). Their phases are prepare_overlap_probe's, run on the
+    builds' CPUs as a preparation's are."""
+
+    def __init__(self, n: int, cpus: list[int]):
+        from prepare_overlap_probe import PREPARATION
+        self.n, self.cpus, self.script = n, cpus, PREPARATION
+        self.procs: list[subprocess.Popen] = []
+        self.ended = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.keep, daemon=True)
+
+    def begin(self) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", self.script, str(ROOT), str(LARGEST.numel)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None)
+
+    def keep(self) -> None:
+        while not self.stop.is_set():
+            for i, proc in enumerate(self.procs):
+                if proc.poll() is not None:
+                    self.ended += proc.returncode == 0
+                    self.procs[i] = self.begin()
+            self.stop.wait(0.1)
+
+    def __enter__(self) -> "Beside":
+        if self.n:
+            self.procs = [self.begin() for _ in range(self.n)]
+            time.sleep(5.0)   # past their Python start, so that the timed calls meet every phase
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
 def build_solution(arch: str) -> dict:
     from grader.build.child import build_extension
     out = ROOT / "build" / "probe"
@@ -134,6 +182,9 @@ def main() -> int:
     p.add_argument("--run-first", choices=("yes", "no", "both"), default="yes",
                    help="whether each subject first makes a run stage's calls on the course's "
                         "cases (test_cases/), as every timed row does in grading")
+    p.add_argument("--beside", type=int, nargs="+", default=[0],
+                   help="each subject with this many runs begun early kept starting beside its "
+                        "calls (Beside), for each number given in turn")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "protocol_probe.json")
     a = p.parse_args()
     from grader.isolation.device import detect
@@ -155,27 +206,32 @@ def main() -> int:
     figures = dict(device=device.name, date=datetime.date.today().isoformat(),
                    run_first=[c.id for c in cases] if True in firsts else [],
                    sandbox=sandbox.describe(), case=LARGEST.id, calls=a.calls, probes={})
-    cpus = split_cpus(config.Limits().gpu_stage_cpus).gpu
+    split = split_cpus(config.Limits().gpu_stage_cpus)
+    cpus = split.gpu
     if cpus:   # where grading runs the GPU stages: CPUs no build uses (procs.split_cpus)
         os.sched_setaffinity(0, cpus)
     figures["cpus"] = list(cpus)
     print(f"{'subject':16s} {'prof':4s} {'raw':>8s} {'wall':>8s} {'fence':>8s} {'events':>8s} "
           f"{'copy':>6s} {'->subj':>6s} {'taken':>6s} {'reply':>6s} {'->harn':>6s} {'beyond':>7s} "
           f"{'sd raw':>6s} {'sd ev':>6s} {'sd bey':>6s}  gpu")
-    runs = [(rep, name, target, profiled, first) for rep in range(a.repeat)
-            for name, target in targets for profiled in profilers for first in firsts]
-    for rep, name, target, profiled, first in runs:
+    runs = [(rep, name, target, profiled, first, beside) for rep in range(a.repeat)
+            for name, target in targets for profiled in profilers for first in firsts
+            for beside in a.beside]
+    for rep, name, target, profiled, first, beside in runs:
         state = gpu_state()
-        r = probe(target, profiled=profiled, calls=a.calls, sandbox=sandbox,
-                  l2_bytes=device.l2_bytes, run_first=cases if first else [])
+        with Beside(beside, list(split.build) if split.reserved else []) as prepared:
+            r = probe(target, profiled=profiled, calls=a.calls, sandbox=sandbox,
+                      l2_bytes=device.l2_bytes, run_first=cases if first else [])
         key = (f"{name} profiler={'on' if profiled else 'off'} run_first={'yes' if first else 'no'}"
+               + (f" beside={beside}" if len(a.beside) > 1 or beside else "")
                + (f" #{rep + 1}" if a.repeat > 1 else ""))
-        figures["probes"][key] = dict(r, gpu_before=state)
+        figures["probes"][key] = dict(r, gpu_before=state, beside=beside,
+                                      preparations_ended=prepared.ended)
         if "failed" in r:
             print(f"{name:16s} failed: {r['failed']}")
             continue
         m = {k[7:]: v for k, v in r.items() if k.startswith("median_")}
-        print(f"{name[:12] + (' +rf' if first else ''):16s} {'on' if profiled else 'off':4s} {m['raw']:8.3f} {m['wall']:8.3f} "
+        print(f"{name[:9] + (' +rf' if first else '') + (f' b{beside}' if beside else ''):16s} {'on' if profiled else 'off':4s} {m['raw']:8.3f} {m['wall']:8.3f} "
               f"{m['fence']:8.3f} {m['events']:8.3f} {m['copy']:6.3f} {m['to_subject']:6.3f} "
               f"{m['taken_up']:6.3f} {m['replying']:6.3f} "
               f"{m['to_harness']:6.3f} {m['beyond_events']:7.3f} {r['std_raw']:6.3f} "
@@ -199,7 +255,8 @@ def spread(probes: dict) -> None:
         for field, label in (("median_beyond_events", "raw - events"), ("median_raw", "raw"),
                              ("median_events", "events")):
             values = [r[field] for r in rs]
-            print(f"{name:48s} {label:12s} over {len(values)} processes: {min(values):.3f} to "
+            print(f"{name:48s} {label:12s} over {len(values)} processes: median "
+                  f"{statistics.median(values):.3f}, {min(values):.3f} to "
                   f"{max(values):.3f} ms (range {max(values) - min(values):.3f}, "
                   f"{100 * (max(values) - min(values)) / statistics.median(values):.2f}%)")
 

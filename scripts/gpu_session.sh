@@ -23,7 +23,8 @@
 # (a cold course, then the same with its builds reused, lanes 3 and 1),
 # wheels (.whl-*/ into .venv), ncu (kernel 6 and SDPA cuDNN profiled on the medium case),
 # probe (bench/protocol_probe.py --solution $PROBE_ARGS), probe-path (a run stage's calls first
-# or not), probe-spread (REPEAT: the solution's medians across processes), verify-probe
+# or not), probe-spread (REPEAT: the solution's medians across processes), probe-beside (REPEAT:
+# runs begun early beside the timed calls or not), verify-probe
 # (bench/verify_probe.py), calibration-overlap (CALIBRATION_ARGS: bench/calibration_overlap_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT: the 100-copy course on one
 # GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
 # with each lane count in turn), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
@@ -81,6 +82,10 @@ task() {
         probe-path) make env && .venv/bin/python bench/protocol_probe.py --only sdpa_cudnn,sdpa_flash \
                         --repeat 3 --profiler on --run-first both --calls 60 --out bench/protocol_probe_path.json \
                         && cp bench/protocol_probe_path.json "$OUT/" ;;
+        # what runs begun early beside the timed calls change in a trusted subject's cost (issue 32)
+        probe-beside) make env && .venv/bin/python bench/protocol_probe.py --only ${BESIDE_ONLY:-sdpa_cudnn} \
+                        --repeat ${REPEAT:-5} --profiler on --run-first yes --calls 100 --beside 0 2 \
+                        --out bench/protocol_probe_beside.json && cp bench/protocol_probe_beside.json "$OUT/" ;;
         # the reference solution's medians across processes (session 29's probe-share compared
         # a share of the calls with SDPA too; that option went with the change, commit 7aaa2cc)
         probe-spread) make env && .venv/bin/python bench/protocol_probe.py --solution --only solution \
