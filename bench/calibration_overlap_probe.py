@@ -17,7 +17,8 @@ round (alone first, then beside first). The table gives each way's costs (idle a
 how far their medians are from the calibrations alone, beside the spread of the calibrations
 alone: a difference within that spread is not one a run could see.
 
-Sandboxed as the grader is where bubblewrap works (GRADER_SANDBOX). Writes the figures with the
+Sandboxed as the grader is where bubblewrap works (GRADER_SANDBOX). A row says how many runs got
+ready (their harness said "prepared") and, where one did not, its harness's output. Writes the figures with the
 device and the date.
 """
 
@@ -72,11 +73,30 @@ def copies(n: int, scratch: Path, ctx: GradeContext) -> list:
     return list(zip(subs, builds))
 
 
+def settle(prepared) -> tuple[bool, str | None]:
+    """Whether a run begun beside the calibration got ready (its harness said "prepared", as
+    Prepared.settle asks); if not, what it said and printed (session 31's run: none got ready,
+    and nothing said why)."""
+    harness = prepared.stages.harness
+    said = harness.said(config.PREPARE_S)
+    if said.startswith(b"prepared"):
+        prepared.ready = True
+        return True, None
+    harness.wait(5.0)
+    time.sleep(1.0)   # its output is read by a thread of its own
+    return False, f"said {said!r}, exit {harness.proc.poll()}; printed: {harness.reader.text()[-1500:]}"
+
+
 def calibrate(ctx: GradeContext, runs: list, delay_s: float | None) -> dict:
     """One calibration; with `delay_s`, `runs` begun that many seconds after it started, on
-    another thread, as a lane's first turn begins them. Their processes are closed after it."""
+    another thread, as a lane's first turn begins them. That thread lives until they are closed,
+    after the calibration: a child the grader spawns is killed when the thread that spawned it
+    ends (PR_SET_PDEATHSIG, grader/isolation/procs.py), as a course's lane thread never does
+    while its runs wait. Session 31's run of this probe ended the thread once it had begun them,
+    so every run was killed at once (`ready` 0 in every row): its figures are not what they say."""
     began: list = []
-    done = threading.Event()
+    began_s: list[float] = []
+    done, closed = threading.Event(), threading.Event()
 
     def begin() -> None:
         if done.wait(delay_s):
@@ -92,8 +112,8 @@ def calibrate(ctx: GradeContext, runs: list, delay_s: float | None) -> dict:
             if prepared is not None:
                 began.append(prepared)
         began_s.append(time.monotonic() - t)
+        closed.wait()   # their parent until they are closed (PR_SET_PDEATHSIG)
 
-    began_s: list[float] = []
     beside = threading.Thread(target=begin, daemon=True) if delay_s is not None else None
     t0 = time.monotonic()
     if beside is not None:
@@ -103,14 +123,20 @@ def calibrate(ctx: GradeContext, runs: list, delay_s: float | None) -> dict:
     finally:
         took = time.monotonic() - t0
         done.set()
-        if beside is not None:
-            beside.join()
-        ready = [p.settle() for p in began]
+        while beside is not None and beside.is_alive() and len(began_s) == 0:
+            time.sleep(0.05)   # still beginning them
+        settled = [settle(p) for p in began]
+        ready = [ok for ok, _ in settled]
+        why = next((said for ok, said in settled if not ok), None)
         for p in began:
             p.close()
+        closed.set()
+        if beside is not None:
+            beside.join()
     return dict(delay_s=delay_s, idle_ms=cost.idle_ms, busy_ms=cost.busy_ms,
                 busy_work_ms=cost.busy_work_ms, took_s=round(took, 2),
-                begun=len(began), ready=sum(ready), begin_s=began_s[0] if began_s else None)
+                begun=len(began), ready=sum(ready), begin_s=began_s[0] if began_s else None,
+                not_ready_output=why)
 
 
 def summary(rows: list[dict], alone: list[dict]) -> dict:

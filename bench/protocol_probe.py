@@ -214,9 +214,12 @@ def main() -> int:
     print(f"{'subject':16s} {'prof':4s} {'raw':>8s} {'wall':>8s} {'fence':>8s} {'events':>8s} "
           f"{'copy':>6s} {'->subj':>6s} {'taken':>6s} {'reply':>6s} {'->harn':>6s} {'beyond':>7s} "
           f"{'sd raw':>6s} {'sd ev':>6s} {'sd bey':>6s}  gpu")
+    # the --beside values in turn, their order reversed every other round: session 31's run had
+    # each process with none beside before its twin with two, so the GPU's drift through the run
+    # could not be told from what the preparations did
     runs = [(rep, name, target, profiled, first, beside) for rep in range(a.repeat)
             for name, target in targets for profiled in profilers for first in firsts
-            for beside in a.beside]
+            for beside in (a.beside if rep % 2 == 0 else a.beside[::-1])]
     for rep, name, target, profiled, first, beside in runs:
         state = gpu_state()
         with Beside(beside, list(split.build) if split.reserved else []) as prepared:
