@@ -48,7 +48,7 @@ from grader.problem import largest, load_all_cases  # noqa: E402
 from grader.report.progress import Progress  # noqa: E402
 from grader.stages.context import GradeContext  # noqa: E402
 from grader.stages.early import prepare  # noqa: E402
-from grader.stages.time import _measure_protocol  # noqa: E402
+from grader.stages.time import calibrate_protocol  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "triton_flash"
 
@@ -96,22 +96,23 @@ def calibrate(ctx: GradeContext, runs: list, delay_s: float | None) -> dict:
     so every run was killed at once (`ready` 0 in every row): its figures are not what they say."""
     began: list = []
     began_s: list[float] = []
-    done, closed = threading.Event(), threading.Event()
+    # done: the calibration is over; begun: the runs are begun (or it ended first); closed: they are
+    done, begun, closed = threading.Event(), threading.Event(), threading.Event()
 
     def begin() -> None:
-        if done.wait(delay_s):
-            return
-        t = time.monotonic()
-        timed = largest(list(ctx.cases))
-        for sub, build in runs:
-            try:
-                prepared = prepare(sub, build, ctx, timed)
-            except Exception as e:   # counted below (begun), and said
-                print(f"{sub.id}: could not begin its run ({e!r})", file=sys.stderr, flush=True)
-                continue
-            if prepared is not None:
-                began.append(prepared)
-        began_s.append(time.monotonic() - t)
+        if not done.wait(delay_s):
+            t = time.monotonic()
+            timed = largest(list(ctx.cases))
+            for sub, build in runs:
+                try:
+                    prepared = prepare(sub, build, ctx, timed)
+                except Exception as e:   # counted below (begun), and said
+                    print(f"{sub.id}: could not begin its run ({e!r})", file=sys.stderr, flush=True)
+                    continue
+                if prepared is not None:
+                    began.append(prepared)
+            began_s.append(time.monotonic() - t)
+        begun.set()
         closed.wait()   # their parent until they are closed (PR_SET_PDEATHSIG)
 
     beside = threading.Thread(target=begin, daemon=True) if delay_s is not None else None
@@ -119,12 +120,12 @@ def calibrate(ctx: GradeContext, runs: list, delay_s: float | None) -> dict:
     if beside is not None:
         beside.start()
     try:
-        cost, _ = _measure_protocol(ctx)
+        cost = calibrate_protocol(ctx)   # measured anew: its saved cost is never reused here
     finally:
         took = time.monotonic() - t0
         done.set()
-        while beside is not None and beside.is_alive() and len(began_s) == 0:
-            time.sleep(0.05)   # still beginning them
+        if beside is not None:
+            begun.wait()
         settled = [settle(p) for p in began]
         ready = [ok for ok, _ in settled]
         why = next((said for ok, said in settled if not ok), None)
