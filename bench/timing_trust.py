@@ -11,6 +11,13 @@
    (bench/inprocess.py): that comparison adds the difference between calls run back to back and
    calls with the protocol's idle gaps between them (GPU clocks, power), which is not overhead.
 
+For each row it also keeps the timed calls in order (the run's logs, `<row>.time.calls.json`) and
+says how they spread: a drift through the loop, calls that follow each other (lag-1
+autocorrelation), a slow tail. And it says how far apart the two copies' medians may fall by
+chance alone, from their medians' 95% intervals: a difference of about that size is the median's
+sampling error (calls per row, each call's spread), not the protocol (notes/throughput.md,
+session 32).
+
     python bench/timing_trust.py        # on the GPU machine; writes bench/timing_trust.json
     python bench/timing_trust.py --no-in-process    # without the in-process context figures
 
@@ -24,6 +31,7 @@ import datetime
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -74,13 +82,18 @@ def main() -> int:
     figures["protocol_cost"] = saved.get("cost")
     figures["calibration_kernels"] = calibration_costs(saved.get("breakdown") or {})
     figures["against_in_process"] = against_in_process(out, run, med) if in_process else {}
+    figures["same_kernel_chance"] = chance_spread(figures["stats"]["same_kernel_a"],
+                                                  figures["stats"]["same_kernel_b"])
+    series = call_series(out, {**med, **overhead})
+    figures["series"] = {name: series_figures(calls) for name, calls in series.items()}
     (ROOT / "bench" / "timing_trust.json").write_text(json.dumps(figures, indent=1) + "\n")
     for k, v in med.items():
         t = figures["stats"].get(k) or (flash["timing"] if k.startswith("sdpa_flash (") else {})
         interval = (f"  (95% interval of the median {t['median_low_ms']:.3f} to {t['median_high_ms']:.3f})"
                     if t.get("median_high_ms") else "")
         print(f"  {k:28s} {v:9.3f} ms{interval}")
-    print(f"same kernel twice:  {100 * same:.2f}% apart (must be < 1%)")
+    print(f"same kernel twice:  {100 * same:.2f}% apart (must be < 1%); by chance alone one sd "
+          f"{100 * figures['same_kernel_chance']:.2f}% (from the two medians' 95% intervals)")
     print(f"SDPA FLASH wrapper: {100 * calib:.2f}% from the baseline row (must be < 2%)")
     for name, o in overhead.items():
         print(f"protocol overhead, {name:26s}: harness {o['harness_ms']:.3f} ms, subject's events "
@@ -96,6 +109,11 @@ def main() -> int:
     for name, o in figures["against_in_process"].items():
         print(f"against in-process events, {name:16s}: harness {o['harness_ms']:.3f} ms, in one "
               f"process {o['in_process_ms']:.3f} ms: {100 * o['difference']:+.2f}% (context)")
+    for name, f in figures["series"].items():
+        print(f"  calls, {name:26s}: n {f['n']}, p10/p50/p90 {f['p10_ms']:.3f}/{f['median_ms']:.3f}/"
+              f"{f['p90_ms']:.3f} ms, last 10 over first 10 {100 * f['drift']:+.2f}%, second half's "
+              f"median over the first's {100 * f['halves']:+.2f}%, lag-1 {f['lag1']:+.2f}, "
+              f"over 1.05x the median {100 * f['tail']:.0f}%; events {100 * f['events_drift']:+.2f}%")
     worst = max(abs(o["overhead"]) for o in overhead.values()) if overhead else 1.0
     return 0 if proc.returncode == 0 and same < 0.01 and calib < 0.02 and worst < 0.01 else 1
 
@@ -114,6 +132,59 @@ def protocol_overhead(results: dict, flash: dict, out: Path) -> dict:
                                  overhead=t["median_ms"] / t["subject_events_ms"] - 1,
                                  cost=cost_parts(t))
     return figures
+
+
+def chance_spread(a: dict, b: dict) -> float:
+    """One standard deviation of the relative difference of two rows' medians from sampling alone:
+    each median's standard error from its distribution-free 95% interval (a half-width of about
+    1.96 standard errors), combined. 0.0 where a row has no interval."""
+    def error(t: dict) -> float:
+        high, low, median = t.get("median_high_ms", 0.0), t.get("median_low_ms", 0.0), t["median_ms"]
+        return (high - low) / (2 * 1.96) / median if high > low and median > 0 else 0.0
+    return (error(a) ** 2 + error(b) ** 2) ** 0.5
+
+
+def call_series(out: Path, rows: dict) -> dict:
+    """Each row's timed calls in order, {row: {"times_ms": [...], "events_ms": [...]}}, from the
+    run's logs (stages.folders.save_calls): a student's are <id>.time.calls.json, a baseline row's
+    <id>[.<gpu>].time.calls.json. Rows without a file are left out."""
+    series = {}
+    for row in rows:
+        name = row.split(" (")[0]
+        found = sorted((out / "logs").glob(f"{name}.time.calls.json")) or \
+            sorted((out / "logs").glob(f"{name}.*.time.calls.json"))
+        if found:
+            series[row] = json.loads(found[0].read_text())
+    return series
+
+
+def series_figures(calls: dict) -> dict:
+    """How one row's timed calls spread, in call order: quantiles; the mean of the last 10 over
+    the first 10 less 1 (drift through the loop), the same for the subject's own events; the
+    second half's median over the first's less 1; the lag-1 autocorrelation (near 0: calls
+    independent, so the median's error falls as 1/sqrt(n); near 1: slow changes, which more calls
+    in one process do not average out); the share of calls over 1.05x the median (a tail)."""
+    times = [float(t) for t in calls.get("times_ms") or []]
+    events = [float(e) for e in calls.get("events_ms") or [] if e]
+    n = len(times)
+    if n < 20:
+        return dict(n=n, median_ms=0.0, p10_ms=0.0, p90_ms=0.0, drift=0.0, events_drift=0.0,
+                    halves=0.0, lag1=0.0, tail=0.0, times_ms=times)
+    ordered = sorted(times)
+    median = statistics.median(times)
+    mean = statistics.fmean(times)
+    deviations = [t - mean for t in times]
+    variance = sum(d * d for d in deviations)
+    lag1 = sum(x * y for x, y in zip(deviations, deviations[1:])) / variance if variance > 0 else 0.0
+    return dict(n=n, median_ms=median, p10_ms=ordered[n // 10], p90_ms=ordered[(9 * n) // 10],
+                drift=_last_over_first(times), events_drift=_last_over_first(events),
+                halves=statistics.median(times[n // 2:]) / statistics.median(times[:n // 2]) - 1,
+                lag1=lag1, tail=sum(t > 1.05 * median for t in times) / n,
+                times_ms=[round(t, 4) for t in times], events_ms=[round(e, 4) for e in events])
+
+
+def _last_over_first(values: list[float], k: int = 10) -> float:
+    return statistics.fmean(values[-k:]) / statistics.fmean(values[:k]) - 1 if len(values) >= 2 * k else 0.0
 
 
 def calibration_costs(breakdown: dict) -> dict:

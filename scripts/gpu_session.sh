@@ -25,7 +25,8 @@
 # probe (bench/protocol_probe.py --solution $PROBE_ARGS), probe-path (a run stage's calls first
 # or not), probe-spread (REPEAT: the solution's medians across processes), probe-beside (REPEAT:
 # runs begun early beside the timed calls or not), verify-probe
-# (bench/verify_probe.py), calibration-overlap (CALIBRATION_ARGS: bench/calibration_overlap_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT: the 100-copy course on one
+# (bench/verify_probe.py), placement (PLACEMENT_ARGS: bench/placement_probe.py, one kernel's medians
+# across buffer placements and processes), calibration-overlap (CALIBRATION_ARGS: bench/calibration_overlap_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT: the 100-copy course on one
 # GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
 # with each lane count in turn), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
 # A background run works on a copy of the tree in /tmp/run, since every call replaces the tree
@@ -94,6 +95,9 @@ task() {
         # the protocol's cost calibrated alone and with a lane's first runs begun beside it (issue 32)
         calibration-overlap) make env && .venv/bin/python bench/calibration_overlap_probe.py ${CALIBRATION_ARGS:-} \
                                  ; s=$?; cp bench/calibration_overlap_probe.json "$OUT/" 2>/dev/null; (exit $s) ;;
+        # one kernel's medians across its buffers' placements in a process, and across processes
+        placement) make env && .venv/bin/python bench/placement_probe.py ${PLACEMENT_ARGS:-} \
+                       ; s=$?; cp bench/placement_probe.json "$OUT/" 2>/dev/null; (exit $s) ;;
         # what the timed loop's check of each output costs, part by part
         verify-probe) make env && .venv/bin/python bench/verify_probe.py && cp bench/verify_probe.json "$OUT/" ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;
@@ -152,7 +156,8 @@ for f in sorted(glob.glob("build/bench-grader/results-*/**/triton_flash_*.json",
         two-gpus) two=${TWO_OUT:-bench/grader_bench_2gpus.json}
                   make bench-grader COPIES="${COPIES:-60}" GPUS="0 0,1" BENCH_ARGS="--honest examples/triton_flash --no-baselines --stop-after ${TWO_STOP:-300} --out $two" \
                       ; s=$?; cp "$two" "$OUT/" 2>/dev/null; cp build/bench-grader/grade-*.log "$OUT/" 2>/dev/null \
-                      ; tar czf "$OUT/two_gpus_results.tgz" build/bench-grader/results-*/*.json 2>/dev/null; (exit $s) ;;
+                      ; tar czf "$OUT/two_gpus_results.tgz" build/bench-grader/results-*/*.json \
+                          build/bench-grader/results-*/logs/*.time.calls.json 2>/dev/null; (exit $s) ;;
         wheels) make env && for whl in .whl-*/*.whl; do
                     [ -f "$whl" ] && { .venv/bin/python -m pip install -q --no-index --no-deps "$whl" \
                                            || python3 -m pip --python .venv/bin/python install -q --no-index --no-deps "$whl"; }
