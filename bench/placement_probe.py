@@ -43,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from grader.trusted.timing import median_interval  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from timing_trust import median_error  # noqa: E402
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -89,25 +92,30 @@ def child(args: argparse.Namespace) -> dict:
 
     for qkv in sets:                      # warm-up: each set's first call, untimed
         timed(qkv)
-    times: list[list[float]] = [[] for _ in sets]
-    for r in range(-(-args.calls // args.block)):
-        for i in range(len(sets)):
-            p = (r + i) % len(sets)
-            for _ in range(min(args.block, args.calls - len(times[p]))):
-                times[p].append(timed(sets[p]))
-    gaps: dict[str, list[float]] = {str(g): [] for g in args.gaps}
-    for r in range(-(-args.calls // args.block) if args.gaps else 0):
-        for i in range(len(args.gaps)):
-            g = args.gaps[(r + i) % len(args.gaps)]
-            for _ in range(min(args.block, args.calls - len(gaps[str(g)]))):
-                gaps[str(g)].append(timed(sets[0], g))
-    return dict(placements=times, gaps=gaps, addresses=[[t.data_ptr() for t in qkv] for qkv in sets])
+    times = interleaved(range(len(sets)), args.calls, args.block, lambda p: timed(sets[p]))
+    gaps = interleaved(args.gaps, args.calls, args.block, lambda g: timed(sets[0], g))
+    return dict(placements=list(times.values()), gaps={str(g): t for g, t in gaps.items()},
+                addresses=[[t.data_ptr() for t in qkv] for qkv in sets])
+
+
+def interleaved(keys, calls: int, block: int, time_one) -> dict:
+    """`calls` times of time_one(key) for each of `keys`, taken in blocks of `block` calls a key,
+    the keys' order rotated each round, so that every key shares the GPU's drift through the
+    process: {key: [ms, ...] in call order}."""
+    keys = list(keys)
+    times: dict = {k: [] for k in keys}
+    for r in range(-(-calls // block) if keys else 0):
+        for i in range(len(keys)):
+            k = keys[(r + i) % len(keys)]
+            for _ in range(min(block, calls - len(times[k]))):
+                times[k].append(time_one(k))
+    return times
 
 
 def error(times: list[float]) -> float:
     """A median's standard error, relative, from its distribution-free 95% interval."""
     low, high = median_interval(times)
-    return (high - low) / (2 * 1.96) / statistics.median(times)
+    return median_error(low, high, statistics.median(times))
 
 
 def spread(medians: list[float]) -> float:

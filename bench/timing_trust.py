@@ -139,9 +139,14 @@ def chance_spread(a: dict, b: dict) -> float:
     each median's standard error from its distribution-free 95% interval (a half-width of about
     1.96 standard errors), combined. 0.0 where a row has no interval."""
     def error(t: dict) -> float:
-        high, low, median = t.get("median_high_ms", 0.0), t.get("median_low_ms", 0.0), t["median_ms"]
-        return (high - low) / (2 * 1.96) / median if high > low and median > 0 else 0.0
+        return median_error(t.get("median_low_ms", 0.0), t.get("median_high_ms", 0.0), t["median_ms"])
     return (error(a) ** 2 + error(b) ** 2) ** 0.5
+
+
+def median_error(low: float, high: float, median: float) -> float:
+    """A median's relative standard error from its 95% interval [low, high] (timing.median_interval:
+    a half-width of about 1.96 standard errors); 0.0 where there is no interval."""
+    return (high - low) / (2 * 1.96) / median if high > low and median > 0 else 0.0
 
 
 def call_series(out: Path, rows: dict) -> dict:
@@ -169,7 +174,7 @@ def series_figures(calls: dict) -> dict:
     n = len(times)
     if n < 20:
         return dict(n=n, median_ms=0.0, p10_ms=0.0, p90_ms=0.0, drift=0.0, events_drift=0.0,
-                    halves=0.0, lag1=0.0, tail=0.0, times_ms=times)
+                    halves=0.0, lag1=0.0, tail=0.0, times_ms=times, events_ms=events)
     ordered = sorted(times)
     median = statistics.median(times)
     mean = statistics.fmean(times)

@@ -114,3 +114,12 @@ def test_the_placement_probe_reports_each_idle_gap_over_every_process():
     assert len(f["gaps"]["10.0"]["process_medians_ms"]) == 3
     assert f["gaps"]["10.0"]["spread"] == pytest.approx(0.05, abs=0.01)
     assert placement_probe.figures([dict(placements=[[13.0] * 30] * 2)])["gaps"] == {}
+
+
+def test_the_placement_probe_takes_its_keys_in_blocks_their_order_rotated_each_round():
+    order: list = []
+    times = placement_probe.interleaved(["a", "b", "c"], 5, 2, lambda k: order.append(k) or 1.0)
+    # rounds: a a b b c c | b b c c a a | c a b (each key's last block cut to its 5 calls)
+    assert order == list("aabbcc") + list("bbccaa") + list("cab")
+    assert {k: len(v) for k, v in times.items()} == {"a": 5, "b": 5, "c": 5}
+    assert placement_probe.interleaved([], 5, 2, lambda k: 1.0) == {}
