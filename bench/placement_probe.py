@@ -16,7 +16,8 @@ GPU's drift through the process, and a set's median differs from the others' by 
 the processes' medians, and what chance alone would give each (the medians' 95% intervals).
 
 With --gaps G1 G2 ..., each process also times the first set with the GPU left idle for G ms
-(the host waiting after the inputs and the flush are done) before each call, the gaps taken in
+(the host waiting after the inputs and the flush are done, or before them with --idle-first, as
+the grader's timed calls do since session 33) before each call, the gaps taken in
 turn in blocks: whether a kernel's time depends on what the GPU did just before it. In one
 process, calls made back to back with new input tensors each (bench/inprocess.py) ran 6-9%
 slower than the harness's calls, which write fixed buffers and check the last output between
@@ -58,6 +59,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block", type=int, default=10, help="calls on one placement before the next")
     p.add_argument("--gaps", type=float, nargs="*", default=[],
                    help="idle ms before each call to time too, on the first set (none: not timed)")
+    p.add_argument("--idle-first", action="store_true",
+                   help="the gaps' idle before the inputs are written and L2 flushed (as the "
+                        "grader's Call.run since session 33), not after")
     p.add_argument("--out", default=str(ROOT / "bench" / "placement_probe.json"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -76,14 +80,22 @@ def child(args: argparse.Namespace) -> dict:
     flush = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
+    def idle(ms: float) -> None:
+        torch.cuda.synchronize()
+        until = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < until:   # a busy wait: a sleep overshoots by ~0.1 ms
+            pass
+
     def timed(qkv, idle_ms: float = 0.0) -> float:
+        if args.idle_first:
+            idle(idle_ms)
         for t in qkv:
             t.normal_(generator=gen)
         flush.zero_()
-        torch.cuda.synchronize()
-        until = time.perf_counter() + idle_ms / 1e3
-        while time.perf_counter() < until:   # a busy wait: a sleep overshoots by ~0.1 ms
-            pass
+        if args.idle_first:
+            torch.cuda.synchronize()
+        else:
+            idle(idle_ms)
         begin.record()
         fn(*qkv)
         end.record()
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.processes):
         cmd = [sys.executable, __file__, "--child", "--kernel", args.kernel, "--shape", *map(str, args.shape),
                "--placements", str(args.placements), "--calls", str(args.calls), "--block", str(args.block),
-               "--gaps", *map(str, args.gaps)]
+               "--gaps", *map(str, args.gaps), *(["--idle-first"] if args.idle_first else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
             print(proc.stderr[-3000:], file=sys.stderr)
@@ -171,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     report = dict(device=torch.cuda.get_device_name(0), date=datetime.date.today().isoformat(),
                   kernel=args.kernel, shape=args.shape, calls=args.calls, block=args.block,
-                  figures=result, processes=processes)
+                  idle_first=args.idle_first, figures=result, processes=processes)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     w, b = result["within_process"], result["between_processes"]
     print(f"{report['device']}, {args.kernel} {tuple(args.shape)}, {args.processes} processes x "
@@ -181,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"between processes:           medians spread {100 * b['spread']:.2f}% "
           f"(chance alone {100 * b['chance']:.2f}%)")
     for g, f in result["gaps"].items():
-        print(f"idle {float(g):5.1f} ms before each call: median {f['median_ms']:.3f} ms, calls spread "
+        print(f"idle {float(g):5.1f} ms {'before the inputs' if args.idle_first else 'before each call'}: median {f['median_ms']:.3f} ms, calls spread "
               f"{100 * f['spread']:.2f}%, processes' medians "
               + ", ".join(f"{m:.3f}" for m in f["process_medians_ms"]))
     print(f"written: {args.out}")

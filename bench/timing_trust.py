@@ -72,6 +72,7 @@ def main() -> int:
     figures = dict(device=run["device"]["name"], driver=run["device"].get("driver"),
                    gpu=os.environ.get("TRUST_GPU", "0"), uuid=run["device"].get("uuid"),
                    date=datetime.date.today().isoformat(), timed_case=run["timed_case"],
+                   idle_ms=run.get("limits", {}).get("timing_idle_ms"),
                    medians_ms=med, same_kernel_difference=same, calibration_difference=calib,
                    same_kernel_ok=same < 0.01, calibration_ok=calib < 0.02,
                    stats={k: r["timing"] for k, r in results.items() if r.get("timing")})

@@ -2,9 +2,10 @@
 # One call on the GPU machine (the developers' device tool): set up what its image lacks, then
 # run the named tasks in order, each one's log and files into $OUT. The machine has torch, nvcc,
 # ninja, pytest, jinja2, rich and triton, and no internet; carry the rest:
-#   .whl/  pytest_json_report, pytest_metadata (and nvidia_cutlass, tilelang with its
-#          dependencies, submitit, cloudpickle for the tracks and Slurm), downloaded as the device
-#          README says (python 3.12, manylinux)
+#   .whl/  pytest_json_report, pytest_metadata, submitit (cloudpickle, typing_extensions):
+#          without them the set-up stops; starlette, uvicorn, python-multipart (the check
+#          service), nvidia_cutlass, tilelang (those tracks): without them those are left out
+#          (docs/gpu-machine.md); downloaded as the device README says (python 3.12, manylinux)
 #   .deb/  bubblewrap (apt-get download bubblewrap): integrity results count only sandboxed
 #   .whl-*/ wheels too large for one call's 64 MiB with .whl (TileLang's: tilelang in one call,
 #          its dependencies in the next); the task 'wheels' installs them into .venv, where

@@ -189,3 +189,20 @@ def test_sigterm_stops_the_worker_cleanly_and_the_job_is_graded_at_the_next_star
     assert left.state == "queued" and left.attempts == 0, left   # not the job's fault
     served.start()
     assert served.wait([job], all_done)[job]["result"]["status"] == "mismatch"
+
+
+@pytest.mark.parametrize("package", ["starlette", "uvicorn", "python_multipart"])
+def test_grading_needs_none_of_the_services_packages(package, tmp_path):
+    """A machine without the service's packages (an offline GPU box whose .whl/ lacks them)
+    still grades: the CLI imports, and `serve` says what is missing and how to get it."""
+    roster = tmp_path / "roster.csv"
+    roster.write_text("folder\nalice\n")
+    code = (f"import sys; sys.modules[{package!r}] = None\n"
+            "from grader.cli.main import main\n"
+            f"sys.exit(main(['serve', '--roster', {str(roster)!r}, '--store', "
+            f"{str(tmp_path / 'store')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert f"needs the package {package!r}" in proc.stderr
+    assert "Traceback" not in proc.stderr

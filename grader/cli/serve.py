@@ -34,7 +34,7 @@ from grader.executors import slurm
 from grader.executors.slurm_jobs import SlurmError, SlurmOptions
 from grader.isolation.device import GpuSelectionError, detect_gpus, parse_gpus
 from grader.problem import CaseFileError, load_all_cases
-from grader.service.server import DEFAULT_HOST, DEFAULT_PORT, serve, url_of
+from grader.service.server import DEFAULT_HOST, DEFAULT_PORT, serve, unavailable, url_of
 from grader.service.store import Store, StoreBusy
 from grader.service.tokens import INSTRUCTOR_TOKEN, TOKENS_CSV, TokenError, issue, revoke
 from grader.service.worker import Early, GradeFn, GradeJob, Graded, GradingFailed, MachineBusy
@@ -80,7 +80,7 @@ def _serve(args: argparse.Namespace) -> int:
     """The service and its worker, until Ctrl-C or SIGTERM."""
     if args.store is None or args.roster is None:
         return _error("give --roster roster.csv and --store DIR (make serve ROSTER=... STORE=...)")
-    problem = slurm.misuse(args)
+    problem = unavailable() or slurm.misuse(args)
     if problem:
         return _error(problem)
     try:   # everything a job needs, checked before the store is touched

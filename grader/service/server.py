@@ -16,12 +16,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from grader.course.policy import Policy
-from grader.service.app import create_app
 from grader.service.store import Store
 from grader.service.worker import GradeFn, Worker
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8008
+
+
+def unavailable() -> str | None:
+    """Why the service cannot run on this machine (a package it needs is not installed), or None.
+    Only the service needs them: grading imports none of them (app.py and uvicorn are imported
+    when the service starts)."""
+    try:
+        import python_multipart  # noqa: F401  (starlette's form uploads)
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        return (f"the course check service needs the package {e.name!r}, not installed here: "
+                f"make env installs it (offline: its wheel in .whl/, docs/gpu-machine.md)")
+    return None
 
 
 def url_of(host: str, port: int) -> str:
@@ -36,6 +49,8 @@ def serve(store_dir: Path | Store, policy: Policy, *, host: str = DEFAULT_HOST,
     it) or a Store this process has locked. `grade`: the pipeline the worker grades with (None:
     no worker, the jobs wait). `announce`: the line printed once the address is bound."""
     import uvicorn
+
+    from grader.service.app import create_app
     store = store_dir if isinstance(store_dir, Store) else Store(store_dir)
     if not isinstance(store_dir, Store):
         store.lock()

@@ -45,6 +45,7 @@ def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
     makes first (run_stage.run_stage_calls)."""
     return dict(case=case.to_dict(), **run_stage_again(ctx),
                 budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
+                idle_ms=ctx.limits.timing_idle_ms,
                 coarse_ms=coarse_ms(case, ctx.device), slow_ms=slow_ms(case, ctx.device),
                 protocol=ctx.protocol.to_dict(),
                 precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]),
@@ -190,7 +191,8 @@ def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
                                      folder=[], deadline_s=ctx.limits.time_s,
                                      case=largest(list(ctx.cases)).to_dict(),
                                      **run_stage_again(ctx),
-                                     l2_bytes=ctx.device.l2_bytes)
+                                     l2_bytes=ctx.device.l2_bytes,
+                                     idle_ms=ctx.limits.timing_idle_ms)
     if record is None and stopping():   # killed by the run's stop: no cost, and none saved for a resume
         raise Cancelled("the run is stopping: the protocol's calibration was stopped")
     if record is None or "protocol" not in record:

@@ -166,9 +166,10 @@ def _may_stop_early(times: list[float], spec: dict) -> bool:
     """Whether the budget or the stage's limit may end the loop now: after TIMING_MIN_REPS calls
     (or the spec's max_calls), or before them only for calls slower than coarse_ms. Otherwise a
     kernel fast in its first calls could end the loop with one long call and be ranked on a few
-    calls of a cool GPU (the first 10 of 100 calls run about 5% faster than the last 10: notes/
-    throughput.md, session 17); it is called on, and a limit it passes is its timeout. Without a
-    measured peak (coarse_ms None: no GPU) nothing is ranked, and the budget ends the loop."""
+    calls of a cool GPU (made back to back, the first 10 of 100 calls ran about 5% faster than
+    the last 10: notes/throughput.md, session 17); it is called on, and a limit it passes is its
+    timeout. Without a measured peak (coarse_ms None: no GPU) nothing is ranked, and the budget
+    ends the loop."""
     if len(times) >= min(config.TIMING_MIN_REPS, spec.get("max_calls", config.TIMING_MAX_REPS)):
         return True
     coarse = spec.get("coarse_ms")

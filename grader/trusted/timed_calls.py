@@ -70,7 +70,8 @@ def open_call(spec: dict, deadline: float, opened: tuple[Link, dict[str, SharedB
     link.spin = device == "cuda"   # from here every reply is a timed or calibrated call's
     q, k, v, o = (buffers[n].view(case.shape) for n in "qkvo")
     flush = torch.empty(max(2 * spec["l2_bytes"], 64 << 20), dtype=torch.uint8, device=device)
-    return link, Call(link, q, k, v, o, flush, case.shape, device, deadline, case.qk_std)
+    return link, Call(link, q, k, v, o, flush, case.shape, device, deadline, case.qk_std,
+                      idle_ms=spec.get("idle_ms", 0.0))
 
 
 def warm_up(link: Link, call: "Call", deadline: float,
@@ -113,11 +114,13 @@ def coarse_enough(times: list[float], coarse_ms: float | None) -> bool:
 
 class Call:
     """One timed call: fresh inputs from `seed` (this process keeps its own copy), L2 flushed,
-    O poisoned, the device idle; then go, the reply, and the clocks."""
+    O poisoned, the device idle (left so for `idle_ms` before the inputs are written); then go,
+    the reply, and the clocks."""
 
     def __init__(self, link: Link, q, k, v, o, flush, shape, device: str, deadline: float,
-                 qk_std: float = 1.0):
+                 qk_std: float = 1.0, idle_ms: float = 0.0):
         self.link, self.q, self.k, self.v, self.o = link, q, k, v, o
+        self.idle_s = idle_ms / 1e3   # the GPU idle before the inputs (Limits.timing_idle_ms)
         self.flush, self.shape, self.device, self.deadline = flush, shape, device, deadline
         self.qk_std = qk_std   # the case's spread of Q and K (cases.Case.qk_std)
         self.sent: list[tuple[int, float, float]] = []   # (request number, go, reply) per call
@@ -132,6 +135,13 @@ class Call:
         # "go": a subject slow to take up "arm" is slow inside the clock.
         self.link.send(dict(op="arm", shape=list(self.shape)))
         inputs = make_random_inputs(self.shape, seed=seed, device=self.device, qk_std=self.qk_std)
+        if self.idle_s:
+            # The GPU left idle before every call, calibrated ones too: a call's time depends on
+            # what the GPU did just before it (Limits.timing_idle_ms). Idle before the inputs
+            # reach the buffers the subject can read: a subject watching them could use an idle
+            # GPU after them to compute the call's output before "go".
+            synchronize(self.device)
+            time.sleep(self.idle_s)
         for dst, src in zip((self.q, self.k, self.v), inputs):
             dst.copy_(src)
         self.o.fill_(float("nan"))
