@@ -92,10 +92,7 @@ def child(args: argparse.Namespace) -> dict:
         for t in qkv:
             t.normal_(generator=gen)
         flush.zero_()
-        if args.idle_first:
-            torch.cuda.synchronize()
-        else:
-            idle(idle_ms)
+        idle(0.0 if args.idle_first else idle_ms)
         begin.record()
         fn(*qkv)
         end.record()
@@ -192,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
           f"(chance alone {100 * w['chance']:.2f}%)")
     print(f"between processes:           medians spread {100 * b['spread']:.2f}% "
           f"(chance alone {100 * b['chance']:.2f}%)")
+    where = "before the inputs" if args.idle_first else "before each call"
     for g, f in result["gaps"].items():
-        print(f"idle {float(g):5.1f} ms {'before the inputs' if args.idle_first else 'before each call'}: median {f['median_ms']:.3f} ms, calls spread "
+        print(f"idle {float(g):5.1f} ms {where}: median {f['median_ms']:.3f} ms, calls spread "
               f"{100 * f['spread']:.2f}%, processes' medians "
               + ", ".join(f"{m:.3f}" for m in f["process_medians_ms"]))
     print(f"written: {args.out}")

@@ -80,9 +80,9 @@ def test_no_idle_without_the_knob(monkeypatch):
     assert [e[0] for e in events] == ["send", "go"]
 
 
-def test_the_knob_reaches_timed_and_calibrated_calls(monkeypatch):
-    """One pause for every timed row and for the calibration that costs them, by default and as
-    GRADER_TIMING_IDLE_MS sets it."""
+def test_the_knob_reaches_a_call_through_its_spec(monkeypatch):
+    """The pause is on by default, GRADER_TIMING_IDLE_MS sets it, and open_call makes every call
+    with the spec's (stages.time.call_fields puts it in every timed row's and the calibration's)."""
     assert config.Limits().timing_idle_ms > 0
     monkeypatch.setenv("GRADER_TIMING_IDLE_MS", "3.5")
     assert config.Limits.from_env().timing_idle_ms == 3.5

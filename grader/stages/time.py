@@ -44,8 +44,7 @@ def time_fields(case: Case, ctx: GradeContext, work: Path) -> dict:
     the calls a run stage makes, with its limits, which a subject not timed on its run stage's
     makes first (run_stage.run_stage_calls)."""
     return dict(case=case.to_dict(), **run_stage_again(ctx),
-                budget_s=ctx.limits.time_budget_s, l2_bytes=ctx.device.l2_bytes,
-                idle_ms=ctx.limits.timing_idle_ms,
+                budget_s=ctx.limits.time_budget_s, **call_fields(ctx),
                 coarse_ms=coarse_ms(case, ctx.device), slow_ms=slow_ms(case, ctx.device),
                 protocol=ctx.protocol.to_dict(),
                 precision=dict(precision_factor=ctx.precision[0], precision_floor=ctx.precision[1]),
@@ -126,6 +125,12 @@ def run_stage_fields(cases: list[Case], ctx: GradeContext) -> dict:
                 case_limits={c.id: ctx.limits.case_s(c.flops) for c in cases} if ctx.device.cuda else {})
 
 
+def call_fields(ctx: GradeContext) -> dict:
+    """What every timed or calibrated call is made with (timed_calls.open_call): the L2 to flush
+    and the GPU's idle before it, the same for every row and for the calibration that costs them."""
+    return dict(l2_bytes=ctx.device.l2_bytes, idle_ms=ctx.limits.timing_idle_ms)
+
+
 def run_stage_again(ctx: GradeContext) -> dict:
     """What a subject timed without its run stage's (a baseline's, the calibration's, a lane's
     own) is told to call first, and its limits: a run stage's calls on a GPU, every case
@@ -190,9 +195,7 @@ def _measure_protocol(ctx: GradeContext) -> tuple[ProtocolCost, dict]:
         record, output = run_harness("calibrate", dict(kind="builtin", name="null"), ctx, Path(tmp),
                                      folder=[], deadline_s=ctx.limits.time_s,
                                      case=largest(list(ctx.cases)).to_dict(),
-                                     **run_stage_again(ctx),
-                                     l2_bytes=ctx.device.l2_bytes,
-                                     idle_ms=ctx.limits.timing_idle_ms)
+                                     **run_stage_again(ctx), **call_fields(ctx))
     if record is None and stopping():   # killed by the run's stop: no cost, and none saved for a resume
         raise Cancelled("the run is stopping: the protocol's calibration was stopped")
     if record is None or "protocol" not in record:
