@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grader.common import config  # noqa: E402
 from grader.course.submission import Kind  # noqa: E402
 from grader.schedule.workers import build_order  # noqa: E402
 
@@ -34,11 +35,15 @@ class Model:
     quick_turn: float = 4.2      # a Triton copy's GPU turn (run, time; its check is beside), s
     cuda_turn: float = 3.6
     jobs: int = 13
-    low: int = 6                 # jobs * Limits.build_yield_share
-    ahead: int = 10              # config.BUILDS_YIELD_AHEAD
+    ahead: int = config.BUILDS_YIELD_AHEAD
     calibrated_at: float = 31.0  # the GPU's first turn
     prepare: float = 12.0        # a run begun early is ready this long after its build
     step: float = 0.25
+
+    @property
+    def low(self) -> int:
+        """The builds at once while `ahead` wait, as workers.build_throttle has it on a GPU."""
+        return max(1, int(self.jobs * config.Limits().build_yield_share))
 
 
 @dataclasses.dataclass

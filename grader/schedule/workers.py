@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import errno
+import itertools
 import threading
 import time
 import traceback
@@ -454,9 +455,8 @@ def build_order(subs: list[Submission]) -> list[Submission]:
     invalid = [s for s in subs if s.kind is Kind.INVALID]
     slow = [s for s in subs if s.kind is Kind.CUDA]   # compiles: 50-120 s
     quick = [s for s in subs if s.kind not in (Kind.INVALID, Kind.CUDA)]   # 10-20 s
-    in_turn = [s for pair in zip(quick, slow) for s in pair]
-    n = min(len(quick), len(slow))
-    return invalid + in_turn + quick[n:] + slow[n:]
+    in_turn = itertools.chain.from_iterable(itertools.zip_longest(quick, slow))
+    return invalid + [s for s in in_turn if s is not None]
 
 
 def _pin_baselines(entries, workers: list[GradeContext], slot_of: dict[str, int]) -> None:
