@@ -26,7 +26,7 @@
 # probe (bench/protocol_probe.py --solution $PROBE_ARGS), probe-path (a run stage's calls first
 # or not), probe-spread (REPEAT: the solution's medians across processes), probe-beside (REPEAT:
 # runs begun early beside the timed calls or not), verify-probe
-# (bench/verify_probe.py), placement (PLACEMENT_ARGS: bench/placement_probe.py, one kernel's medians
+# (bench/verify_probe.py), pause-twin (bench/pause_twin.py: the pause's attack twin), placement (PLACEMENT_ARGS: bench/placement_probe.py, one kernel's medians
 # across buffer placements and processes), calibration-overlap (CALIBRATION_ARGS: bench/calibration_overlap_probe.py), course (COPIES, COURSE_STOP, COURSE_OUT: the 100-copy course on one
 # GPU, cold), ahead (tests/test_ahead.py on the GPU), lanes-course (COPIES, LANES, LANES_STOP: the cold course
 # with each lane count in turn), two-gpus (COPIES, TWO_STOP: one kernel's course on 1 and 2 GPUs).
@@ -99,6 +99,10 @@ task() {
         # one kernel's medians across its buffers' placements in a process, and across processes
         placement) make env && .venv/bin/python bench/placement_probe.py ${PLACEMENT_ARGS:-} \
                        ; s=$?; cp bench/placement_probe.json "$OUT/" 2>/dev/null; (exit $s) ;;
+        # the pause's attack twin (peek_inputs_py) beside honest_py, with the committed order and
+        # with the idle moved after the inputs in a copy of the grader (bench/pause_twin.py)
+        pause-twin) make env && .venv/bin/python bench/pause_twin.py \
+                        ; s=$?; cp bench/pause_twin.json build/pause-twin/*.log "$OUT/" 2>/dev/null; (exit $s) ;;
         # what the timed loop's check of each output costs, part by part
         verify-probe) make env && .venv/bin/python bench/verify_probe.py && cp bench/verify_probe.json "$OUT/" ;;
         bench) make bench && cp bench/results.json "$OUT/" ;;

@@ -96,3 +96,21 @@ def test_the_knob_reaches_a_call_through_its_spec(monkeypatch):
 class FakeBuffer:
     def view(self, shape):
         return torch.zeros(shape, dtype=torch.float16)
+
+
+def test_the_pause_twins_rejected_order_is_made_from_todays_call():
+    """bench/pause_twin.py grades the pause's attack twin (peek_inputs_py) with a copy of the
+    grader whose Call.run idles after writing the inputs: the edit must still find today's lines,
+    and make exactly that swap, or the GPU run that shows the twin is an attack tests nothing."""
+    import importlib.util
+    path = config.REPO_ROOT / "bench" / "pause_twin.py"
+    spec = importlib.util.spec_from_file_location("pause_twin", path)
+    twin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(twin)
+    source = (config.REPO_ROOT / twin.TIMED_CALLS).read_text()
+    rejected = twin.idle_after_inputs(source)
+    assert source.index(twin.IDLE) < source.index(twin.COPY)          # as committed: idle first
+    assert rejected.index(twin.COPY) < rejected.index(twin.IDLE)      # the copy: inputs first
+    assert sorted(rejected.splitlines()) == sorted(source.splitlines())   # nothing else changed
+    with pytest.raises(SystemExit, match="no longer has the idle"):
+        twin.idle_after_inputs(source.replace(twin.COPY, ""))
