@@ -26,6 +26,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.adversarial.verdicts import TWIN_RULES, median  # noqa: E402
+
 WORK = ROOT / "build" / "pause-twin"
 NAMES = ("honest_py", "peek_inputs_py", "rest_gpu_py")
 TIMED_CALLS = Path("grader") / "trusted" / "timed_calls.py"
@@ -67,7 +70,7 @@ def grade(label: str, root: Path, extra: list[str]) -> dict:
         path = out / f"{name}.json"
         result = json.loads(path.read_text()) if path.exists() else {}
         rows[name] = dict(status=result.get("status", "missing"),
-                          median_ms=(result.get("timing") or {}).get("median_ms"))
+                          median_ms=median(result))
     return dict(exit=proc.returncode, rows=rows)
 
 
@@ -96,10 +99,11 @@ def main() -> int:
         print(f"{label:38s} {cells[0]:>10s} {cells[1]:>24s} {cells[2]:>24s}")
     committed = runs["idle before the inputs (committed)"]["rows"]
     got = ratio(committed, "peek_inputs_py")
-    held = got is not None and got >= 0.98
+    holds, bound = TWIN_RULES["not_faster_than"]   # expected.json's rule for this twin
+    held = got is not None and holds(got)
     print("peek_inputs_py with the committed order: " + (
         "no median beside honest_py's: nothing to compare" if got is None else
-        f"{got:.3f} x honest_py's median ({'not more than 2% faster' if held else 'MORE than 2% faster'})"))
+        f"{got:.3f} x honest_py's median ({'held' if held else 'BROKEN'}: {bound})"))
     import torch
     record = dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(0)
                   if torch.cuda.is_available() else "cpu", limits=LIMITS, runs=runs, held=held)
